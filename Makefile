@@ -1,0 +1,37 @@
+# labkit — the two commands: `make lab` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: lab test test-fast demo bench install clean
+
+# Create the virtual environment and install labkit with its lab and test extras.
+# torch is pinned to 2.13.0 in pyproject.toml (see README: the CPU wheel).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[lab,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --nbval
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --nbval
+
+demo: $(STAMP)
+	$(BIN)/labkit replay --trace data/traces/agentx_small.jsonl.gz \
+		--model deepseek-v3 --layout dep16 --hardware h200 \
+		--concurrency 6 --duration-s 900 --router session_sticky \
+		--num-speculative-tokens 3 --acceptance-length 2.99 --max-model-len 1048576
+
+bench: $(STAMP)
+	$(BIN)/labkit bench sim
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,24 @@
+"""labkit: a Jupyter-first research workbench for serving LLMs to agentic workloads.
+
+    from labkit import Engine, load_trace, generate_agentx_trace
+    trace = generate_agentx_trace(num_sessions=16, seed=0)
+    engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200")
+    result = engine.replay(trace, concurrency=16, duration_s=300)
+    result.summary, result.requests, result.steps
+"""
+
+from labkit.engine import Engine, EventBus, ReplayResult, Request
+from labkit.specs import (
+    HARDWARE_PRESETS, MODEL_PRESETS, EngineConfig, HardwareSpec, Layout, ModelSpec,
+    get_hardware, get_model,
+)
+from labkit.traces import Trace, TraceError, TraceRequest, generate_agentx_trace, load_trace, \
+    trace_stats, write_trace
+
+__all__ = [
+    "Engine", "EngineConfig", "EventBus", "HARDWARE_PRESETS", "HardwareSpec", "Layout",
+    "MODEL_PRESETS", "ModelSpec", "ReplayResult", "Request", "Trace", "TraceError",
+    "TraceRequest", "generate_agentx_trace", "get_hardware", "get_model", "load_trace",
+    "trace_stats", "write_trace",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,128 @@
+"""`labkit bench ...`: benchmarks that print figures (never pass/fail tests).
+
+`labkit bench sim` measures the simulator itself:
+
+(a) simulated seconds per wall second replaying the Mooncake trace (open loop) on
+    llama-3.1-70b, tp8, h200 — read from ../shared/data, skipped if absent;
+(b) the same for an AgentX-like trace at concurrency 64 on deepseek-v3 over 16 GPUs
+    (dep16, MTP with 3 drafts at acceptance 2.99), 10 simulated minutes — once with
+    sessions starting at turn one, once part-way (AgentX's warm start). Target: 200x;
+(c) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
+    same new tokens. Lookup must follow the new tokens, not the context: ratio ~1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def shared_data_dir() -> Path | None:
+    """../shared/data next to the repository (or $LABKIT_SHARED_DATA), if present."""
+    candidates = [os.environ.get("LABKIT_SHARED_DATA"),
+                  Path.cwd().parent / "shared" / "data",
+                  Path(__file__).resolve().parents[2] / "shared" / "data"]
+    for c in candidates:
+        if c and Path(c).is_dir():
+            return Path(c)
+    return None
+
+
+def run_bench(target: str, quick: bool = False) -> int:
+    if target == "sim":
+        bench_sim(quick)
+    return 0
+
+
+def _replay_speed(label: str, engine, trace, **replay_kw) -> dict:
+    t0 = time.perf_counter()
+    result = engine.replay(trace, **replay_kw)
+    wall = time.perf_counter() - t0
+    s = result.summary
+    speed = s["sim_duration_s"] / wall
+    print(f"  {label}: {s['sim_duration_s']:.0f} sim s in {wall:.2f} wall s = {speed:,.0f}x "
+          f"real time; {s['requests_completed']} calls, {s['steps']} steps, "
+          f"hit rate {s['prefix_cache_hit_rate']:.3f}")
+    return {"speed": speed, **s}
+
+
+def bench_sim(quick: bool = False) -> None:
+    from labkit import Engine, generate_agentx_trace, load_trace, trace_stats
+
+    print("labkit bench sim — simulated seconds per wall second (one run each)")
+    data = shared_data_dir()
+    print("(a) Mooncake synthetic trace, llama-3.1-70b tp8 h200, open loop")
+    if data is None:
+        print("  skipped: ../shared/data not found (set LABKIT_SHARED_DATA)")
+    else:
+        trace = load_trace(data / "traces" / "mooncake_synthetic_trace.jsonl")
+        engine = Engine(model="llama-3.1-70b", layout="tp8", hardware="h200",
+                        max_model_len=262144)
+        _replay_speed("mooncake", engine, trace, open_loop=True)
+        print(f"  (implied prefix reuse of the trace: {trace_stats(trace)['prefix_reuse']:.3f}; "
+              f"the engine is overloaded, so sharing calls overlap and miss)")
+
+    duration = 120.0 if quick else 600.0
+    print(f"(b) AgentX-like trace, concurrency 64, deepseek-v3 dep16 h200, MTP 3 @ 2.99, "
+          f"{duration:.0f} sim s")
+    t0 = time.perf_counter()
+    trace = generate_agentx_trace(160, seed=0)
+    print(f"  generated {len(trace.requests)} calls in {time.perf_counter() - t0:.1f} s")
+    for part_way in (False, True):
+        engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200",
+                        router="session_sticky", num_speculative_tokens=3,
+                        acceptance_length=2.99, max_model_len=1_048_576)
+        label = "part-way start" if part_way else "sessions from turn one"
+        _replay_speed(label, engine, trace, concurrency=64, duration_s=duration,
+                      start_part_way=part_way)
+    print("  target: >= 200x")
+
+    print("(c) prefix lookup of one turn (same 4,096 new tokens), block size 64")
+    costs = {ctx: lookup_cost(ctx) for ctx in (10_000, 1_000_000)}
+    for ctx, (lookup_us, admit_us) in costs.items():
+        print(f"  context {ctx:>9,}: lookup {lookup_us:7.1f} us, "
+              f"lookup + allocate + free {admit_us:8.1f} us")
+    ratio = costs[1_000_000][0] / costs[10_000][0]
+    admit_ratio = costs[1_000_000][1] / costs[10_000][1]
+    print(f"  1M / 10K: lookup {ratio:.2f}x (target ~1), admission {admit_ratio:.2f}x "
+          f"(ref counts of every reused block are touched, vectorised)")
+
+
+def lookup_cost(context: int, new_tokens: int = 4096, block_size: int = 64,
+                reps: int = 200) -> tuple[float, float]:
+    """Microseconds per prefix lookup, and per lookup + allocate + free, of a turn
+    extending a cached context of `context` tokens by `new_tokens`."""
+    from labkit.engine.kv import KVManager, TraceBlockKeys
+    from labkit.engine.request import Request
+
+    total = context + new_tokens
+    ids = np.arange(-(-total // block_size), dtype=np.int64)
+    kv = KVManager(num_blocks=len(ids) + 16, block_size=block_size)
+    parent = Request("parent", "s", context, 1, 0.0,
+                     keys=TraceBlockKeys(ids, block_size, block_size))
+    assert kv.allocate(parent, context)
+    parent.num_computed_tokens = context
+    kv.cache_full_blocks(parent)
+    hint = kv.free(parent)
+
+    def turn() -> Request:
+        return Request("child", "s", total, 1, 0.0, prefix_hint=hint,
+                       keys=TraceBlockKeys(ids, block_size, block_size))
+
+    child = turn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        match = kv.lookup(child)
+    lookup_us = (time.perf_counter() - start) / reps * 1e6
+    assert match.num_tokens == (context // block_size) * block_size
+    start = time.perf_counter()
+    for _ in range(reps):
+        child = turn()
+        match = kv.lookup(child)
+        kv.allocate(child, total - match.num_tokens, match)
+        kv.free(child)
+    admit_us = (time.perf_counter() - start) / reps * 1e6
+    return lookup_us, admit_us

@@ -1,0 +1,254 @@
+"""The engine: a deployment of one model, driven by a virtual clock.
+
+`Engine` wires the control plane together — one scheduler and KV manager per DP rank,
+a router in front, ranks grouped into instances that step (DEP ranks in lockstep) —
+over a data plane that says how long each step takes. Time is virtual: it jumps from
+event to event.
+
+Two kinds of events drive it, kept in two heaps:
+
+- **arrivals** (a request reaches the router at time t), fed by `submit` — usually by
+  a replay driver that turns a trace into arrivals;
+- **instance events**: *plan* (an instance picks its next step or run at time t) and
+  *commit* (that step ends: tokens are emitted, requests finish).
+
+At equal times arrivals go first, then commits, then plans, so a step always sees
+every request that arrived by its start — including those that a just-finished call
+released with zero delay.
+
+    engine = Engine(model="llama-3.1-8b", layout="dp2", hardware="h200")
+    engine.submit(request, at=0.0)
+    while engine.step(): ...          # or engine.replay(trace, concurrency=8, ...)
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+from labkit.engine.capacity import kv_capacity
+from labkit.engine.events import EventBus, RequestArrived, RequestFinished
+from labkit.engine.instance import Instance
+from labkit.engine.kv.kv_manager import KVManager
+from labkit.engine.metrics import StepRecorder
+from labkit.engine.request import Request, Status
+from labkit.engine.router import Router
+from labkit.engine.scheduler import Scheduler
+from labkit.engine.sim.data_plane import SimDataPlane
+from labkit.engine.sim.roofline import RooflineCostModel
+from labkit.errors import ConfigError, unknown_choice
+from labkit.specs import EngineConfig, Layout, get_hardware, get_model
+
+BACKENDS = ("sim",)
+_ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
+
+
+class Engine:
+    def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
+                 backend: str = "sim", cost_model=None, **knobs) -> None:
+        if backend not in BACKENDS:
+            raise unknown_choice("backend", backend, BACKENDS)
+        self.model = get_model(model)
+        self.hardware = get_hardware(hardware)
+        self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
+        self.layout = _with_dcp_knob(Layout.parse(layout), self.config.decode_context_parallel_size)
+        self.layout.check_model(self.model)
+        self.backend = backend
+        self.block_size = self.config.block_size or self.model.block_size
+        self.max_model_len = self.config.max_model_len or self.model.max_model_len
+        self.capacity = kv_capacity(self.model, self.hardware, self.layout, self.config,
+                                    self.block_size)
+        self.events = EventBus()
+        self.step_recorder = StepRecorder(self.events)
+
+        self.cost_model = cost_model or RooflineCostModel(
+            self.model, self.hardware, self.layout, self.config.kv_dtype())
+        self.data_plane = SimDataPlane(self.cost_model)
+        self.schedulers = [
+            Scheduler(self.config, KVManager(self.capacity.num_blocks, self.block_size,
+                                             self.config.enable_prefix_caching, self.events, r),
+                      self.events, r)
+            for r in range(self.layout.num_dp_ranks)
+        ]
+        groups = ([list(range(self.layout.num_dp_ranks))] if self.layout.lockstep
+                  else [[r] for r in range(self.layout.num_dp_ranks)])
+        self.instances = [
+            Instance(i, ranks, [self.schedulers[r] for r in ranks], self.data_plane,
+                     self.config, self.events)
+            for i, ranks in enumerate(groups)
+        ]
+        self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
+        self.router = Router(self.config.router, self.schedulers, self.events)
+
+        self.now = 0.0
+        self.stop_s = math.inf
+        self._arrivals: list = []
+        self._timers: list = []
+        self._seq = 0
+        self._waking: dict[int, float] = {}  # instance -> time of its pending plan event
+        self.requests: dict[str, Request] = {}
+        self.finish_callbacks: list[Callable[[Request, float], None]] = []
+
+    # -------------------------------------------------------------- set-up
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    @property
+    def num_blocks_per_rank(self) -> int:
+        return self.capacity.num_blocks
+
+    def check_fits(self, request_id: str, input_tokens: int, output_tokens: int) -> None:
+        """Raise ConfigError if a request could never run on one DP rank."""
+        total = input_tokens + output_tokens
+        if total > self.max_model_len:
+            raise ConfigError(
+                f"request {request_id}: {input_tokens} + {output_tokens} tokens exceed "
+                f"max_model_len={self.max_model_len} of {self.model.name}"
+            )
+        blocks = -(-(total + self.config.num_speculative_tokens) // self.block_size)
+        if blocks > self.num_blocks_per_rank:
+            raise ConfigError(
+                f"request {request_id} needs {blocks} KV blocks ({total} tokens) but a DP "
+                f"rank holds {self.num_blocks_per_rank} blocks of {self.block_size} tokens; "
+                f"raise num_gpu_blocks_override / gpu_memory_utilization or use more GPUs"
+            )
+
+    # -------------------------------------------------------------- feeding
+    def submit(self, req: Request, at: float | None = None) -> None:
+        """Schedule req to reach the router at time `at` (default: now)."""
+        at = self.now if at is None else at
+        if at < self.now:
+            raise ValueError(f"cannot submit {req.request_id} in the past ({at} < {self.now})")
+        req.arrival_s = at
+        req.status = Status.PENDING
+        req.max_tokens = req.num_prompt_tokens + req.max_output_tokens + \
+            self.config.num_speculative_tokens
+        self._seq += 1
+        req.seq = self._seq
+        self.requests[req.request_id] = req
+        heapq.heappush(self._arrivals, (at, req.seq, req))
+
+    # -------------------------------------------------------------- running
+    def step(self) -> bool:
+        """Process events up to and including the next committed step (or run).
+
+        Returns False when nothing is left to do before `stop_s`.
+        """
+        while True:
+            kind = self._process_next()
+            if kind is None:
+                return False
+            if kind == _COMMIT:
+                return True
+
+    def run_until(self, t: float = math.inf) -> None:
+        """Process every event before time t (everything, by default)."""
+        self.stop_s = t
+        while self._process_next() is not None:
+            pass
+
+    def _next_time(self) -> float:
+        a = self._arrivals[0][0] if self._arrivals else math.inf
+        b = self._timers[0][0] if self._timers else math.inf
+        return min(a, b)
+
+    def _process_next(self):
+        arrival = self._arrivals[0] if self._arrivals else None
+        timer = self._timers[0] if self._timers else None
+        if arrival is None and timer is None:
+            return None
+        if timer is None or (arrival is not None and (arrival[0], _ARRIVAL) <= timer[:2]):
+            t = arrival[0]
+            if t >= self.stop_s:
+                return None
+            heapq.heappop(self._arrivals)
+            self.now = t
+            self._arrive(arrival[2])
+            return _ARRIVAL
+        t, kind, _, instance = timer
+        if t >= self.stop_s:
+            return None
+        heapq.heappop(self._timers)
+        self.now = t
+        if kind == _COMMIT:
+            self._commit(instance)
+        else:
+            self._plan(instance)
+        return kind
+
+    def _push_timer(self, t: float, kind: int, instance: Instance) -> None:
+        self._seq += 1
+        heapq.heappush(self._timers, (t, kind, self._seq, instance))
+
+    def _arrive(self, req: Request) -> None:
+        if self.events.wants(RequestArrived):
+            self.events.emit(RequestArrived(self.now, req.request_id, req.session_id))
+        rank = self.router.route(req, self.now)
+        self.schedulers[rank].add_request(req)
+        self._wake(self._instance_of[rank])
+
+    def _wake(self, instance: Instance) -> None:
+        if instance.plan is None and instance.index not in self._waking:
+            self._waking[instance.index] = self.now
+            self._push_timer(self.now, _PLAN, instance)
+
+    def _plan(self, instance: Instance) -> None:
+        self._waking.pop(instance.index, None)
+        if instance.plan is not None:
+            return
+        plan = instance.plan_next(self.now, self._horizon(instance))
+        if plan is not None:
+            instance.plan = plan
+            self._push_timer(plan.end, _COMMIT, instance)
+
+    def _horizon(self, instance: Instance) -> float:
+        """Latest time before which nothing from outside can affect this instance:
+        the next arrival, the stop time, and the earliest moment another instance
+        could finish a request (a finish can release an arrival with zero delay)."""
+        horizon = min(self._arrivals[0][0] if self._arrivals else math.inf, self.stop_s)
+        for other in self.instances:
+            if other is instance:
+                continue
+            if other.plan is not None:
+                end = other.plan.end
+                horizon = min(horizon, end if other.plan.finishes else end + other.min_step_s)
+            elif other.index in self._waking:
+                horizon = min(horizon, self._waking[other.index] + other.min_step_s)
+        return horizon
+
+    def _commit(self, instance: Instance) -> None:
+        plan = instance.plan
+        for req in instance.commit(plan):
+            if self.events.wants(RequestFinished):
+                self.events.emit(RequestFinished(self.now, req))
+            for callback in self.finish_callbacks:
+                callback(req, self.now)
+        self._wake(instance)
+
+    # ------------------------------------------------------------ replay
+    def replay(self, trace, concurrency: int | None = None, duration_s: float | None = None,
+               open_loop: bool = False, **options):
+        """Replay a trace; returns a ReplayResult (requests, steps, summary).
+
+        Closed loop (AgentX): `concurrency` sessions in flight for `duration_s`.
+        Open loop: requests arrive at their trace timestamps (`open_loop=True`).
+        Options: warmup_s (excluded from the summary), max_idle_s (cap on tool
+        gaps), start_part_way (first sessions start at a random turn), loop_trace
+        (start over with fresh ids when sessions run out), progress (a tqdm bar).
+        """
+        from labkit.engine.replay import replay
+
+        return replay(self, trace, concurrency=concurrency, duration_s=duration_s,
+                      open_loop=open_loop, **options)
+
+
+def _with_dcp_knob(layout: Layout, dcp: int | None) -> Layout:
+    """vLLM's decode_context_parallel_size, reconciled with the layout string."""
+    if dcp is None or dcp == layout.dcp:
+        return layout
+    if layout.dcp == 1:
+        return Layout.parse(f"{layout.text}xdcp{dcp}")
+    raise ConfigError(f"decode_context_parallel_size={dcp} disagrees with layout "
+                      f"{layout.text!r} (dcp{layout.dcp}); give the degree in one place")

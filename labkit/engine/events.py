@@ -1,0 +1,232 @@
+"""The event stream: every state change of the engine, as a typed event.
+
+The engine never imports a widget or a metrics table. Instead, each component
+announces what it did on an `EventBus` — a block was allocated, a request was routed,
+a step finished on rank 3 — and anything that wants to watch *subscribes*. Metrics,
+notebook widgets and exporters are all subscribers.
+
+Subscribing costs nothing when nobody listens: emitters ask `bus.wants(EventType)`
+(a set lookup) before they even build an event, so a replay with no block-level
+subscriber never creates a single block event.
+
+Time stamps are simulated seconds. Events of one instance arrive in causal order;
+when fast-forward simulates a run of steps at once, the step and block events of that
+run carry the exact time stamps of their steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Event:
+    kind: ClassVar[str] = "event"
+    t: float
+
+
+# ------------------------------------------------------------------ requests
+@dataclass(slots=True)
+class RequestArrived(Event):
+    kind: ClassVar[str] = "request_arrived"
+    request_id: str
+    session_id: str
+
+
+@dataclass(slots=True)
+class RequestRouted(Event):
+    kind: ClassVar[str] = "request_routed"
+    request_id: str
+    rank: int
+    policy: str
+    scores: list | None = None  # per-rank scores the policy compared (lower is better)
+
+
+@dataclass(slots=True)
+class RequestScheduled(Event):
+    """A request was admitted from the waiting queue (first time or after preemption)."""
+
+    kind: ClassVar[str] = "request_scheduled"
+    request_id: str
+    rank: int
+    num_cached_tokens: int  # served by the prefix cache or a fork
+    num_prompt_tokens: int
+
+
+@dataclass(slots=True)
+class RequestPreempted(Event):
+    kind: ClassVar[str] = "request_preempted"
+    request_id: str
+    rank: int
+    num_computed_tokens: int  # thrown away, to be recomputed
+
+
+@dataclass(slots=True)
+class FirstToken(Event):
+    kind: ClassVar[str] = "first_token"
+    request_id: str
+    rank: int
+
+
+@dataclass(slots=True)
+class RequestFinished(Event):
+    kind: ClassVar[str] = "request_finished"
+    request: Any  # the engine's Request, with all its timings
+
+
+# --------------------------------------------------------------------- steps
+@dataclass(slots=True)
+class StepsCompleted(Event):
+    """One or more consecutive steps of one instance, column by column.
+
+    Arrays have shape (steps, ranks): `t` is the start of each step, `duration` its
+    length (the same for all ranks of a lockstep instance), `busy` what each rank's
+    own work took and `stall` how long it waited for the slowest rank.
+    """
+
+    kind: ClassVar[str] = "steps_completed"
+    instance: int
+    ranks: list[int]
+    step_index: np.ndarray  # (steps,)
+    start: np.ndarray  # (steps,)
+    duration: np.ndarray  # (steps,)
+    busy: np.ndarray  # (steps, ranks)
+    stall: np.ndarray
+    num_prefill_reqs: np.ndarray
+    num_decode_reqs: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    kv_used_blocks: np.ndarray
+    kv_total_blocks: np.ndarray  # (ranks,)
+
+
+# -------------------------------------------------------------------- blocks
+@dataclass(slots=True)
+class BlocksAllocated(Event):
+    kind: ClassVar[str] = "blocks_allocated"
+    rank: int
+    request_id: str
+    blocks: np.ndarray  # physical ids, in block-table order
+
+
+@dataclass(slots=True)
+class BlocksFreed(Event):
+    kind: ClassVar[str] = "blocks_freed"
+    rank: int
+    request_id: str
+    blocks: np.ndarray
+
+
+@dataclass(slots=True)
+class BlocksCached(Event):
+    """Full blocks got their prefix-cache key and can now be hit."""
+
+    kind: ClassVar[str] = "blocks_cached"
+    rank: int
+    request_id: str
+    blocks: np.ndarray
+    keys: np.ndarray
+
+
+@dataclass(slots=True)
+class BlocksEvicted(Event):
+    """Cached free blocks were reused; their keys are gone from the cache."""
+
+    kind: ClassVar[str] = "blocks_evicted"
+    rank: int
+    blocks: np.ndarray
+
+
+@dataclass(slots=True)
+class CacheHit(Event):
+    kind: ClassVar[str] = "cache_hit"
+    rank: int
+    request_id: str
+    blocks: np.ndarray  # physical blocks whose KV the request reuses
+
+
+@dataclass(slots=True)
+class Forked(Event):
+    kind: ClassVar[str] = "forked"
+    rank: int
+    parent_id: str
+    child_id: str
+    blocks: np.ndarray  # shared physical blocks
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class CopyOnWrite(Event):
+    kind: ClassVar[str] = "copy_on_write"
+    rank: int
+    request_id: str
+    src_block: int
+    dst_block: int
+
+
+# ----------------------------------------------------------------------- bus
+Callback = Callable[[Event], None]
+
+
+@dataclass(slots=True)
+class Subscription:
+    bus: EventBus
+    callback: Callback
+    kinds: tuple[type, ...] | None
+
+    def unsubscribe(self) -> None:
+        self.bus.unsubscribe(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unsubscribe()
+
+
+@dataclass(slots=True)
+class EventBus:
+    _by_kind: dict[type, list[Subscription]] = field(default_factory=dict)
+    _everything: list[Subscription] = field(default_factory=list)
+    _wanted: set[type] = field(default_factory=set)
+
+    def subscribe(self, callback: Callback, *kinds: type) -> Subscription:
+        """Call `callback(event)` for events of these types (all types if none given)."""
+        sub = Subscription(self, callback, kinds or None)
+        if kinds:
+            for kind in kinds:
+                self._by_kind.setdefault(kind, []).append(sub)
+        else:
+            self._everything.append(sub)
+        self._refresh()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if sub.kinds is None:
+            if sub in self._everything:
+                self._everything.remove(sub)
+        else:
+            for kind in sub.kinds:
+                subs = self._by_kind.get(kind, [])
+                if sub in subs:
+                    subs.remove(sub)
+                if not subs:
+                    self._by_kind.pop(kind, None)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._wanted = set(self._by_kind)
+
+    def wants(self, kind: type) -> bool:
+        """True if anyone listens to `kind`; emitters check this before building events."""
+        return bool(self._everything) or kind in self._wanted
+
+    def emit(self, event: Event) -> None:
+        for sub in self._by_kind.get(type(event), ()):
+            sub.callback(event)
+        for sub in self._everything:
+            sub.callback(event)

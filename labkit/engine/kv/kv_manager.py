@@ -1,0 +1,307 @@
+"""The KV manager: block tables of one rank's requests over its block pool.
+
+Each running request owns a **block table**: logical block i of its token stream lives
+in physical block ``table[i]``. The manager
+
+- finds the longest cached prefix of a new request (`lookup`), capped so that at least
+  one token is recomputed (the model must produce logits for the last prompt token);
+- grows tables as requests compute more tokens (`allocate`), refusing when the pool
+  cannot supply the blocks, so the scheduler can preempt;
+- registers blocks in the prefix cache as they fill up (`cache_full_blocks`);
+- frees a finished or preempted request's blocks tail first (`free`), which leaves its
+  full blocks cached for its successor;
+- forks: a child's table points at its parent's blocks (`fork`), and a shared block
+  that is only partly full is copied before either side writes into it
+  (copy-on-write).
+
+Looking up a 142K-token agentic prompt must not cost 2,000 dictionary probes. The
+previous call of the same session left its table behind as a **prefix hint**; the
+cached part of that hint is a prefix (blocks are evicted tail first), so a binary
+search over it finds the reusable prefix in O(log n) probes. Only blocks beyond the
+hint are looked up one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from labkit.engine.events import (
+    BlocksAllocated, BlocksFreed, CacheHit, CopyOnWrite, EventBus, Forked,
+)
+from labkit.engine.kv.block_pool import BlockPool
+
+EMPTY = np.empty(0, dtype=np.int32)
+
+
+@dataclass(slots=True)
+class PrefixHint:
+    """What a finished (or preempted) request left behind on its rank.
+
+    `blocks` are its leading cached blocks with their generations at that moment;
+    `tail` is its last, partly filled block (if any) — never cached by key, but still
+    intact until reallocated, which a forked child may adopt.
+    """
+
+    rank: int
+    blocks: np.ndarray
+    generations: np.ndarray
+    num_tokens: int = 0  # tokens with KV in the table when it was freed
+    tail: int = -1
+    tail_generation: int = -1
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """A request's reusable prefix on one rank: physical blocks and tokens they hold."""
+
+    blocks: np.ndarray
+    num_tokens: int
+    forked: bool = False  # ends in a partly filled block adopted from the parent
+
+
+NO_MATCH = PrefixMatch(EMPTY, 0)
+
+
+class BlockTable:
+    __slots__ = ("blocks", "n", "num_keyed")
+
+    def __init__(self, capacity: int) -> None:
+        self.blocks = np.empty(max(capacity, 1), dtype=np.int32)
+        self.n = 0
+        self.num_keyed = 0  # leading blocks already registered in the prefix cache
+
+    def view(self) -> np.ndarray:
+        return self.blocks[: self.n]
+
+    def extend(self, new: np.ndarray) -> None:
+        end = self.n + len(new)
+        if end > len(self.blocks):
+            grown = np.empty(max(end, 2 * len(self.blocks)), dtype=np.int32)
+            grown[: self.n] = self.blocks[: self.n]
+            self.blocks = grown
+        self.blocks[self.n : end] = new
+        self.n = end
+
+
+class KVManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 events: EventBus | None = None, rank: int = 0) -> None:
+        self.block_size = block_size
+        self.events = events or EventBus()
+        self.rank = rank
+        self.pool = BlockPool(num_blocks, enable_caching, self.events, rank)
+        self.tables: dict[str, BlockTable] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def set_time(self, t: float) -> None:
+        self.pool.now = t
+
+    def table(self, request_id: str) -> np.ndarray:
+        table = self.tables.get(request_id)
+        return table.view() if table else EMPTY
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---------------------------------------------------------------- lookup
+    def lookup(self, req) -> PrefixMatch:
+        """req's longest reusable prefix (its blocks are not referenced yet).
+
+        Capped so at least one token is recomputed. A forked child (`forked_tokens`)
+        also adopts its parent's last, partly filled block if it is still intact.
+        """
+        if not self.pool.enable_caching or req.keys is None:
+            return NO_MATCH
+        limit = min((req.num_tokens - 1) // self.block_size, req.keys.num_blocks)
+        if limit <= 0:
+            return NO_MATCH
+        found = self._search_hint(req, limit)
+        m = len(found)
+        extra = []
+        while m < limit:
+            block = self.pool.cached_block(req.keys.key(m))
+            if block < 0:
+                break
+            extra.append(block)
+            m += 1
+        if extra:
+            found = np.concatenate([found, np.array(extra, dtype=np.int32)])
+        tokens = m * self.block_size
+        if req.forked_tokens:
+            tail_tokens = self._adoptable_tail(req, m)
+            if tail_tokens:
+                found = np.append(found, np.int32(req.prefix_hint.tail))
+                return PrefixMatch(found, tokens + tail_tokens, forked=True)
+        return PrefixMatch(found, tokens, forked=req.forked_tokens > 0 and tokens > 0)
+
+    def _adoptable_tail(self, req, num_full: int) -> int:
+        """Tokens of the parent's partial tail block a forked child can adopt (or 0)."""
+        hint = req.prefix_hint
+        if hint is None or hint.rank != self.rank or hint.tail < 0:
+            return 0
+        if num_full != len(hint.blocks) or num_full != hint.num_tokens // self.block_size:
+            return 0
+        if self.pool.generation[hint.tail] != hint.tail_generation:
+            return 0  # reused since the parent freed it
+        shared = min(req.forked_tokens, hint.num_tokens, req.num_tokens - 1)
+        return max(0, shared - num_full * self.block_size)
+
+    def _search_hint(self, req, limit: int) -> np.ndarray:
+        hint = req.prefix_hint
+        if hint is None or hint.rank != self.rank or len(hint.blocks) == 0:
+            return EMPTY
+        pool, keys = self.pool, req.keys
+        blocks, gens = hint.blocks, hint.generations
+
+        def still_ours(j: int) -> bool:
+            b = blocks[j]
+            return pool.generation[b] == gens[j] and pool.block_key[b] == keys.key(j)
+
+        # Both conditions hold on a prefix of the hint and fail after it: blocks are
+        # reused tail first, and chained keys never re-converge once they differ.
+        lo, hi = 0, min(len(blocks), limit)
+        if hi and still_ours(hi - 1):
+            return blocks[:hi]  # the usual case: the whole hint is still cached
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if still_ours(mid - 1):
+                lo = mid
+            else:
+                hi = mid - 1
+        return blocks[:lo]
+
+    # ------------------------------------------------------------ allocation
+    def can_allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
+        return self._blocks_to_take(req, num_new_tokens, match) <= self.pool.num_free
+
+    def _blocks_to_take(self, req, num_new_tokens: int, match: PrefixMatch) -> int:
+        table = self.tables.get(req.request_id)
+        if table is None:
+            have, computed = len(match.blocks), match.num_tokens
+            shared = self.pool.ref_count[match.blocks]
+            need = int((shared == 0).sum())  # hits on free blocks leave the free pool
+            if match.forked and computed % self.block_size and shared[-1] > 0:
+                need += 1  # the adopted tail is in use: writing into it copies it
+        else:
+            have, computed = table.n, req.num_computed_tokens
+            need = 1 if self._needs_copy(table, computed) else 0
+        return need + max(0, self.blocks_needed(computed + num_new_tokens) - have)
+
+    def allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
+        """Make req's table cover its computed tokens plus `num_new_tokens`.
+
+        A request without a table starts from `match`, its reusable prefix (from
+        `lookup`). Returns False, changing nothing, if the pool is short.
+        """
+        if self._blocks_to_take(req, num_new_tokens, match) > self.pool.num_free:
+            return False
+        table = self.tables.get(req.request_id)
+        if table is None:
+            computed = match.num_tokens
+            table = self._open_table(req, match)
+        else:
+            computed = req.num_computed_tokens
+        if self._needs_copy(table, computed):
+            self._copy_on_write(req, table, computed)
+        missing = self.blocks_needed(computed + num_new_tokens) - table.n
+        if missing > 0:
+            new = self.pool.allocate(missing)
+            table.extend(new)
+            if self.events.wants(BlocksAllocated):
+                self.events.emit(BlocksAllocated(self.pool.now, self.rank, req.request_id, new))
+        return True
+
+    def _open_table(self, req, match: PrefixMatch) -> BlockTable:
+        table = BlockTable(self.blocks_needed(req.max_tokens))
+        hit = match.blocks
+        if len(hit):
+            self.pool.touch(hit)
+            table.extend(hit)
+            table.num_keyed = match.num_tokens // self.block_size
+            if match.forked and self.events.wants(Forked):
+                self.events.emit(Forked(self.pool.now, self.rank, req.parent_id or "",
+                                        req.request_id, hit, match.num_tokens))
+            elif self.events.wants(CacheHit):
+                self.events.emit(CacheHit(self.pool.now, self.rank, req.request_id, hit))
+        self.tables[req.request_id] = table
+        return table
+
+    def _needs_copy(self, table: BlockTable, computed: int) -> bool:
+        """Writing at `computed` lands in a shared, partly filled block."""
+        idx = computed // self.block_size
+        return (computed % self.block_size != 0 and idx < table.n
+                and self.pool.ref_count[table.blocks[idx]] > 1)
+
+    def tail_is_shared(self, req) -> bool:
+        """Would req's next write land in a block shared with another table?"""
+        table = self.tables.get(req.request_id)
+        return table is not None and self._needs_copy(table, req.num_computed_tokens)
+
+    def _copy_on_write(self, req, table: BlockTable, computed: int) -> None:
+        idx = computed // self.block_size
+        src = int(table.blocks[idx])
+        dst = int(self.pool.allocate(1)[0])
+        self.pool.free(np.array([src], dtype=np.int32))
+        table.blocks[idx] = dst
+        req.pending_copies.append((src, dst))
+        if self.events.wants(CopyOnWrite):
+            self.events.emit(CopyOnWrite(self.pool.now, self.rank, req.request_id, src, dst))
+
+    # ---------------------------------------------------------- prefix cache
+    def cache_full_blocks(self, req) -> None:
+        """Register the blocks req has completely computed since the last call."""
+        table = self.tables.get(req.request_id)
+        if table is None or req.keys is None or not self.pool.enable_caching:
+            return
+        full = min(req.num_computed_tokens // self.block_size, req.keys.num_blocks, table.n)
+        if full > table.num_keyed:
+            blocks = table.blocks[table.num_keyed : full]
+            self.pool.cache_blocks(blocks, req.keys.keys(table.num_keyed, full),
+                                   req.request_id)
+            table.num_keyed = full
+
+    # ------------------------------------------------------------- release
+    def free(self, req) -> PrefixHint | None:
+        """Release req's blocks, tail first. Returns a hint to what it leaves cached."""
+        table = self.tables.pop(req.request_id, None)
+        if table is None:
+            return None
+        blocks = table.view()
+        keyed = self.pool.keyed_prefix_length(blocks)
+        computed = req.num_computed_tokens
+        hint = PrefixHint(self.rank, blocks[:keyed].copy(),
+                          self.pool.generation[blocks[:keyed]], num_tokens=computed)
+        tail_index = computed // self.block_size
+        if computed % self.block_size and tail_index < table.n:
+            hint.tail = int(blocks[tail_index])
+            hint.tail_generation = int(self.pool.generation[hint.tail])
+        self.pool.free(blocks[::-1])
+        if self.events.wants(BlocksFreed):
+            self.events.emit(BlocksFreed(self.pool.now, self.rank, req.request_id, blocks.copy()))
+        return hint
+
+    def fork(self, parent, child, num_tokens: int) -> None:
+        """Give `child` a table sharing a *running* parent's first num_tokens of KV.
+
+        No copy is made: both tables point at the same blocks (ref counts go up). The
+        first one to write into a shared, partly filled block copies it first.
+        """
+        parent_table = self.tables[parent.request_id]
+        if num_tokens > parent.num_computed_tokens:
+            raise ValueError(f"cannot fork {num_tokens} tokens: parent {parent.request_id} "
+                             f"has {parent.num_computed_tokens} computed")
+        shared = parent_table.view()[: self.blocks_needed(num_tokens)]
+        table = BlockTable(self.blocks_needed(child.max_tokens))
+        self.pool.touch(shared)
+        table.extend(shared)
+        table.num_keyed = min(parent_table.num_keyed, num_tokens // self.block_size)
+        self.tables[child.request_id] = table
+        child.num_computed_tokens = num_tokens
+        if self.events.wants(Forked):
+            self.events.emit(Forked(self.pool.now, self.rank, parent.request_id,
+                                    child.request_id, shared.copy(), num_tokens))

@@ -1,0 +1,190 @@
+"""Metrics: the numbers the field reports, as tables and a summary.
+
+A replay yields two tables and a summary:
+
+- **requests** — one row per call: arrival, first token, finish, input / cached /
+  output tokens, TTFT, TPOT, ITL statistics, E2EL, rank, preemptions;
+- **steps** — one row per step per DP rank: tokens scheduled (prefill / decode),
+  requests, duration, stall (waiting for the slowest rank in lockstep), KV in use;
+- **summary** — vLLM / AgentX metrics over the measurement window
+  ``[warmup_s, end]``: latency percentiles, *throughput per GPU* (logical tokens —
+  input including cached, plus output — of the calls completed in the window, divided
+  by the window and by every GPU of the deployment), *interactivity*
+  ``1 / P90(E2EL / OSL)`` in tokens/s/user, the token-weighted prefix-cache hit rate,
+  peak KV usage, preemptions.
+
+The steps table is filled by subscribing to `StepsCompleted` events; request rows are
+read off the engine's requests when the result is collected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from labkit.engine.events import StepsCompleted
+from labkit.engine.request import Status
+
+STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "stall_s",
+                "num_prefill_reqs", "num_decode_reqs", "prefill_tokens", "decode_tokens",
+                "kv_used_blocks", "kv_usage"]
+
+
+class StepRecorder:
+    """Subscribes to StepsCompleted and keeps the columns, chunk by chunk."""
+
+    def __init__(self, events) -> None:
+        self._chunks: list[dict] = []
+        self.subscription = events.subscribe(self._on_steps, StepsCompleted)
+
+    def _on_steps(self, ev: StepsCompleted) -> None:
+        k, r = ev.busy.shape
+        self._chunks.append({
+            "step": np.repeat(ev.step_index, r),
+            "instance": np.full(k * r, ev.instance),
+            "rank": np.tile(np.asarray(ev.ranks), k),
+            "start_s": np.repeat(ev.start, r),
+            "duration_s": np.repeat(ev.duration, r),
+            "busy_s": ev.busy.ravel(),
+            "stall_s": ev.stall.ravel(),
+            "num_prefill_reqs": ev.num_prefill_reqs.ravel(),
+            "num_decode_reqs": ev.num_decode_reqs.ravel(),
+            "prefill_tokens": ev.prefill_tokens.ravel(),
+            "decode_tokens": ev.decode_tokens.ravel(),
+            "kv_used_blocks": ev.kv_used_blocks.ravel(),
+            "kv_usage": (ev.kv_used_blocks / ev.kv_total_blocks[None, :]).ravel(),
+        })
+
+    def frame(self) -> pd.DataFrame:
+        if not self._chunks:
+            return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
+        cols = {c: np.concatenate([ch[c] for ch in self._chunks]) for c in STEP_COLUMNS}
+        return pd.DataFrame(cols).sort_values(["start_s", "rank"], kind="stable",
+                                              ignore_index=True)
+
+
+def request_rows(requests) -> pd.DataFrame:
+    rows = []
+    for r in requests:
+        itl = np.asarray(r.itl, dtype=float)
+        done = r.finish_s is not None
+        ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
+        e2el = r.finish_s - r.arrival_s if done else np.nan
+        tpot = ((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+                if done and r.num_output_tokens > 1 else np.nan)
+        rows.append({
+            "request_id": r.request_id, "session_id": r.session_id, "kind": r.kind,
+            "parent_id": r.parent_id, "rank": r.rank, "arrival_s": r.arrival_s,
+            "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s,
+            "finish_s": r.finish_s, "input_tokens": r.num_prompt_tokens,
+            "cached_tokens": max(r.num_cached_tokens, 0),
+            "computed_prefill_tokens": r.num_computed_prefill_tokens,
+            "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
+            "e2el_s": e2el,
+            "itl_mean_s": itl.mean() if len(itl) else np.nan,
+            "itl_p50_s": np.percentile(itl, 50) if len(itl) else np.nan,
+            "itl_p90_s": np.percentile(itl, 90) if len(itl) else np.nan,
+            "itl_max_s": itl.max() if len(itl) else np.nan,
+            "preemptions": r.num_preemptions, "completed": done,
+        })
+    return pd.DataFrame(rows)
+
+
+def _pct(values, q: float) -> float:
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_samples: np.ndarray, *,
+              gpus: int, warmup_s: float, end_s: float, wall_s: float) -> dict:
+    window = max(end_s - warmup_s, 1e-12)
+    done = requests[requests["completed"].astype(bool)] if len(requests) else requests
+    measured = done[(done["arrival_s"] >= warmup_s) & (done["finish_s"] <= end_s)] \
+        if len(done) else done
+    admitted = requests[requests["first_scheduled_s"].notna()] if len(requests) else requests
+    logical = float((measured["input_tokens"] + measured["output_tokens"]).sum()) \
+        if len(measured) else 0.0
+    output = float(measured["output_tokens"].sum()) if len(measured) else 0.0
+    physical = float((measured["computed_prefill_tokens"] + measured["output_tokens"]).sum()) \
+        if len(measured) else 0.0
+    ratio = (measured["e2el_s"] / measured["output_tokens"]) if len(measured) else []
+    p90_ratio = _pct(ratio, 90)
+    input_total = float(admitted["input_tokens"].sum()) if len(admitted) else 0.0
+    return {
+        "gpus": gpus,
+        "requests_arrived": int(len(requests)),
+        "requests_completed": int(len(measured)),
+        "sim_duration_s": float(end_s),
+        "window_s": float(window),
+        "wall_s": float(wall_s),
+        "sim_speed": float(end_s / wall_s) if wall_s > 0 else float("inf"),
+        "ttft_mean_s": float(measured["ttft_s"].mean()) if len(measured) else float("nan"),
+        "ttft_p50_s": _pct(measured.get("ttft_s", []), 50),
+        "ttft_p90_s": _pct(measured.get("ttft_s", []), 90),
+        "ttft_p99_s": _pct(measured.get("ttft_s", []), 99),
+        "tpot_p50_s": _pct(measured.get("tpot_s", []), 50),
+        "tpot_p90_s": _pct(measured.get("tpot_s", []), 90),
+        "itl_p50_s": _pct(itl_samples, 50),
+        "itl_p90_s": _pct(itl_samples, 90),
+        "e2el_p50_s": _pct(measured.get("e2el_s", []), 50),
+        "e2el_p90_s": _pct(measured.get("e2el_s", []), 90),
+        "interactivity_p90_tok_s": 1.0 / p90_ratio if p90_ratio > 0 else float("nan"),
+        "throughput_tok_s_per_gpu": logical / window / gpus,
+        "output_tok_s_per_gpu": output / window / gpus,
+        "tpgs": physical / window / gpus,
+        "prefix_cache_hit_rate": (float(admitted["cached_tokens"].sum()) / input_total
+                                  if input_total else 0.0),
+        "kv_cache_usage_peak": float(steps["kv_usage"].max()) if len(steps) else 0.0,
+        "preemptions": int(requests["preemptions"].sum()) if len(requests) else 0,
+        "steps": int(steps["step"].nunique()) if len(steps) else 0,
+        "stall_s_per_rank_mean": float(steps["stall_s"].sum() / max(steps["rank"].nunique(), 1))
+        if len(steps) else 0.0,
+    }
+
+
+@dataclass
+class ReplayResult:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict = field(default_factory=dict)
+
+    def save(self, out_dir: str | os.PathLike) -> None:
+        """Write requests.parquet, steps.parquet and summary.json into out_dir."""
+        os.makedirs(out_dir, exist_ok=True)
+        for name, frame in (("requests", self.requests), ("steps", self.steps)):
+            tmp = os.path.join(out_dir, f".{name}.parquet.tmp")
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, os.path.join(out_dir, f"{name}.parquet"))
+        tmp = os.path.join(out_dir, ".summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.summary, f, indent=2, default=_json_default)
+        os.replace(tmp, os.path.join(out_dir, "summary.json"))
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
+                   extra: dict | None = None) -> ReplayResult:
+    # Requests scheduled to arrive after the run ended never existed for it.
+    requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
+    table = request_rows(requests)
+    steps = engine.step_recorder.frame()
+    in_window = [r for r in requests if r.arrival_s >= warmup_s]
+    itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)
+    summary = summarize(table, steps, itl, gpus=engine.gpus, warmup_s=warmup_s, end_s=end_s,
+                        wall_s=wall_s)
+    summary.update({"model": engine.model.name, "layout": engine.layout.text,
+                    "hardware": engine.hardware.name, "backend": engine.backend,
+                    "router": engine.config.router, "block_size": engine.block_size,
+                    "num_gpu_blocks_per_rank": engine.num_blocks_per_rank,
+                    "warmup_s": warmup_s, **(extra or {})})
+    return ReplayResult(table, steps, summary)

@@ -1,0 +1,235 @@
+"""Replaying a trace: turning sessions into arrivals, closed or open loop.
+
+**Closed loop** (how AgentX replays agentic traffic): `concurrency` sessions are in
+flight at all times; when one ends the next begins. Inside a session a call is sent
+`delay_s` (the tool's run time, capped at `max_idle_s`) after its parent completes —
+and a main call that follows parallel subagents also waits for all of them, since
+their results are part of its prompt. With `start_part_way`, the first sessions
+begin at a random main call (seeded), as AgentX does to skip the cold start in which
+every session would sit at turn one. When the trace runs out of sessions it starts
+over with fresh block ids (a *salt*): the same work, by new users.
+
+**Open loop**: every request with a timestamp arrives at that time, whatever the
+engine's state (Mooncake traces); requests without one follow the session rule.
+
+Each call inherits the prefix hint its parent left on its rank, so looking up a long
+context costs O(log n), and its trace ids (including the ids under which its
+generated tokens will be cached, see `Trace.context_ids`) become its block keys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from labkit.engine.kv.block_keys import ID_LIMIT, TraceBlockKeys, check_block_sizes
+from labkit.engine.metrics import ReplayResult, collect_result
+from labkit.engine.request import Request
+from labkit.errors import ConfigError
+
+FRESH_ID_BASE = 1 << 40  # ids the engine invents for blocks the trace does not name
+
+
+class TraceFeeder:
+    """Feeds one trace into an engine and reacts to finished calls."""
+
+    def __init__(self, engine, trace, open_loop: bool = False,
+                 max_idle_s: float | None = None, seed: int = 0) -> None:
+        check_block_sizes(engine.block_size, trace.block_size)
+        self.engine, self.trace = engine, trace
+        self.open_loop = open_loop
+        self.max_idle_s = math.inf if max_idle_s is None else max_idle_s
+        self.rng = np.random.default_rng(seed)
+        self._fresh = FRESH_ID_BASE
+        self._pending: dict[str, tuple] = {}  # engine id -> (trace request, epoch, session)
+        self._waiting: dict[str, list] = {}  # engine id -> [unmet prerequisites, ready time]
+        self._dependents: dict[str, list[str]] = {}  # engine id -> engine ids waiting on it
+        self._session_of: dict[str, str] = {}  # engine id -> session key
+        self._open_calls: dict[str, int] = {}  # session key -> calls not yet finished
+        self._hints: dict[str, dict] = {}  # session key -> {finished engine id: hint}
+        self.on_session_end = None
+        engine.finish_callbacks.append(self._on_finish)
+
+    # ------------------------------------------------------------- sessions
+    def start_session(self, session: list, epoch: int, at: float, skip_before: int = 0) -> None:
+        """Schedule one session's calls, skipping those anchored before main call
+        number `skip_before` (a part-way start)."""
+        key = f"{session[0].session_id}@{epoch}"
+        anchor = _anchors(session)
+        live = [tr for tr in session if anchor[tr.request_id] >= skip_before]
+        live_ids = {tr.request_id for tr in live}
+        self._open_calls[key] = len(live)
+        self._hints[key] = {}
+        releases = []
+        for tr in live:
+            eid = _engine_id(tr.request_id, epoch)
+            self._pending[eid] = (tr, epoch, key)
+            self._session_of[eid] = key
+            if self.open_loop and tr.timestamp is not None:
+                releases.append((eid, tr.timestamp))
+                continue
+            prereqs = []
+            if tr.parent_id in live_ids:
+                prereqs = [tr.parent_id] + [j.request_id for j in self.trace.joins(tr)
+                                            if j.request_id in live_ids]
+            if not prereqs:
+                releases.append((eid, at + (tr.delay_s if tr.parent_id is None else 0.0)))
+                continue
+            self._waiting[eid] = [len(prereqs), at]
+            for p in prereqs:
+                self._dependents.setdefault(_engine_id(p, epoch), []).append(eid)
+        for eid, t in releases:
+            self._release(eid, t)
+        if not live:
+            self._session_done(key, at)
+
+    # ------------------------------------------------------------ requests
+    def _release(self, eid: str, at: float) -> None:
+        tr, epoch, key = self._pending.pop(eid)
+        self._waiting.pop(eid, None)
+        parent = _engine_id(tr.parent_id, epoch)
+        req = Request(
+            request_id=eid, session_id=tr.session_id if epoch == 0 else key,
+            num_prompt_tokens=tr.input_length, max_output_tokens=tr.output_length,
+            arrival_s=at, kind=tr.kind, parent_id=parent, priority=tr.priority, trace=tr,
+            keys=self._keys(tr, epoch),
+        )
+        req.forked_tokens = min(self.trace.fork_tokens(tr), tr.input_length - 1)
+        if parent is not None:
+            req.prefix_hint = self._hints[key].get(parent)
+        self.engine.submit(req, at=max(at, self.engine.now))
+
+    def _keys(self, tr, epoch: int) -> TraceBlockKeys:
+        ids = self.trace.context_ids(tr)
+        unknown = ids < 0
+        if unknown.any():
+            ids = ids.copy()
+            count = int(unknown.sum())
+            ids[unknown] = np.arange(self._fresh, self._fresh + count, dtype=np.int64)
+            self._fresh += count
+        return TraceBlockKeys(ids, self.trace.block_size, self.engine.block_size,
+                              salt=epoch * ID_LIMIT)
+
+    def _on_finish(self, req: Request, t: float) -> None:
+        key = self._session_of.pop(req.request_id, None)
+        if key is None:
+            return  # not one of ours
+        self._hints[key][req.request_id] = req.prefix_hint
+        req.prefix_hint = None
+        for dep in self._dependents.pop(req.request_id, []):
+            state = self._waiting[dep]
+            state[0] -= 1
+            state[1] = max(state[1], t)
+            if state[0] == 0:
+                tr = self._pending[dep][0]
+                self._release(dep, state[1] + min(tr.delay_s, self.max_idle_s))
+        self._open_calls[key] -= 1
+        if self._open_calls[key] == 0:
+            self._session_done(key, t)
+
+    def _session_done(self, key: str, t: float) -> None:
+        del self._open_calls[key]
+        del self._hints[key]
+        if self.on_session_end is not None:
+            self.on_session_end(t)
+
+
+def _anchors(session: list) -> dict[str, int]:
+    """Index of the main call each call belongs to (subagents: their fork point)."""
+    anchor, mains = {}, 0
+    for tr in session:
+        if tr.kind == "main":
+            anchor[tr.request_id] = mains
+            mains += 1
+        else:
+            anchor[tr.request_id] = anchor.get(tr.parent_id, 0)
+    return anchor
+
+
+def _engine_id(request_id: str | None, epoch: int) -> str | None:
+    if request_id is None:
+        return None
+    return request_id if epoch == 0 else f"{request_id}@{epoch}"
+
+
+class ClosedLoop:
+    """Keeps `concurrency` sessions in flight, cycling through the trace."""
+
+    def __init__(self, feeder: TraceFeeder, concurrency: int, start_part_way: bool,
+                 loop_trace: bool = True) -> None:
+        self.feeder = feeder
+        self.sessions = feeder.trace.sessions()
+        if not self.sessions:
+            raise ConfigError("the trace has no sessions to replay")
+        self.loop_trace = loop_trace
+        self.next = 0
+        feeder.on_session_end = self._start_next
+        for i in range(min(concurrency, len(self.sessions)) if not loop_trace else concurrency):
+            skip = 0
+            if start_part_way:
+                mains = sum(tr.kind == "main" for tr in self.sessions[i % len(self.sessions)])
+                skip = int(feeder.rng.integers(0, max(mains, 1)))
+            self._start_next(0.0, skip)
+
+    def _start_next(self, t: float, skip: int = 0) -> None:
+        epoch, index = divmod(self.next, len(self.sessions))
+        if epoch and not self.loop_trace:
+            return  # every session has been replayed once
+        self.next += 1
+        self.feeder.start_session(self.sessions[index], epoch, t, skip)
+
+
+def replay(engine, trace, concurrency: int | None = None, duration_s: float | None = None,
+           open_loop: bool = False, warmup_s: float = 0.0, max_idle_s: float | None = None,
+           start_part_way: bool = True, loop_trace: bool = True,
+           progress: bool = False) -> ReplayResult:
+    """See `Engine.replay`. Closed loop: `concurrency` sessions for `duration_s`;
+    with loop_trace=False each session runs once and duration_s may be omitted."""
+    if open_loop == (concurrency is not None):
+        raise ConfigError("give either concurrency (closed loop) or open_loop=True")
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"concurrency={concurrency} must be >= 1")
+    if concurrency is not None and duration_s is None and loop_trace:
+        raise ConfigError("a closed-loop replay needs duration_s (or loop_trace=False)")
+    if open_loop and any(tr.timestamp is None and tr.parent_id is None for tr in trace.requests):
+        raise ConfigError("open-loop replay needs a timestamp on every first call "
+                          "(use a closed loop with concurrency for session traces)")
+    for tr in trace.requests:
+        engine.check_fits(tr.request_id, tr.input_length, tr.output_length)
+
+    wall = time.perf_counter()
+    feeder = TraceFeeder(engine, trace, open_loop, max_idle_s, seed=engine.config.seed)
+    if open_loop:
+        for session in trace.sessions():
+            feeder.start_session(session, 0, 0.0)
+    else:
+        ClosedLoop(feeder, concurrency, start_part_way, loop_trace)
+    end = math.inf if duration_s is None else duration_s
+    _run(engine, end, progress, total=duration_s or _last_timestamp(trace) or 1.0)
+    sim_end = end if duration_s is not None else engine.now
+    return collect_result(engine, warmup_s=warmup_s, end_s=sim_end,
+                          wall_s=time.perf_counter() - wall,
+                          extra={"concurrency": concurrency, "open_loop": open_loop})
+
+
+def _last_timestamp(trace) -> float:
+    stamps = [tr.timestamp for tr in trace.requests if tr.timestamp is not None]
+    return max(stamps) if stamps else 0.0
+
+
+def _run(engine, end: float, progress: bool, total: float) -> None:
+    engine.stop_s = end
+    if not progress:
+        while engine.step():
+            pass
+        return
+    with tqdm(total=round(total, 1), unit="sim s", desc="replay") as bar:
+        shown = 0.0
+        while engine.step():
+            if engine.now - shown >= total / 500:
+                bar.update(round(min(engine.now, total) - shown, 1))
+                shown = min(engine.now, total)
+        bar.update(max(0.0, round(total - shown, 1)))

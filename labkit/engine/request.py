@@ -1,0 +1,100 @@
+"""A request as the engine tracks it: one model call from arrival to last token.
+
+The token accounting follows vLLM. A request's stream is its prompt followed by the
+tokens generated so far (``num_tokens``). ``num_computed_tokens`` of them have KV in
+the cache. Each step the scheduler asks the model to compute some of the rest:
+
+- while the prompt is being prefilled, a chunk of it;
+- once only the last sampled token lacks KV, a *decode* step: that token, plus
+  ``num_speculative_tokens`` draft tokens to verify. Of those, ``accepted`` tokens
+  survive (1 to 1 + drafts); the stream grows by that many.
+
+A request that computes the last pending token of its stream samples the next one.
+After preemption (recompute) its KV is dropped and ``num_computed_tokens`` returns to
+0; the prompt *and* the tokens generated so far are recomputed, mostly from the
+prefix cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(Enum):
+    PENDING = "pending"  # known, not yet arrived (e.g. a forked child in its delay)
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    session_id: str
+    num_prompt_tokens: int
+    max_output_tokens: int
+    arrival_s: float
+    kind: str = "main"
+    parent_id: str | None = None
+    priority: int = 0
+    keys: Any = None  # TraceBlockKeys (or None: never cached)
+    prefix_hint: Any = None  # PrefixHint left by the previous call of the session
+    max_tokens: int = 0  # upper bound of the stream, drafts included (table capacity)
+    trace: Any = None  # the TraceRequest it replays, if any
+    # ---- progress
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    rank: int = -1
+    forked_tokens: int = 0  # tokens adopted from the parent's blocks at fork time
+    pending_copies: list = field(default_factory=list)  # copy-on-write (src, dst) pairs
+    seq: int = 0  # arrival order, the tie-breaker of every queue
+    # ---- timings and counters for metrics
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    num_cached_tokens: int = -1  # prefix-cache (or fork) hit at first admission
+    num_preemptions: int = 0
+    num_computed_prefill_tokens: int = 0  # prompt tokens actually computed, recompute included
+    itl: list = field(default_factory=list)  # gaps between successive token emissions
+
+    def __post_init__(self) -> None:
+        if not self.max_tokens:
+            self.max_tokens = self.num_prompt_tokens + self.max_output_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens of the stream without KV yet (1 when decoding)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token lacks KV: next step verifies drafts."""
+        return self.num_output_tokens > 0 and self.num_tokens - self.num_computed_tokens == 1
+
+    @property
+    def remaining_output_tokens(self) -> int:
+        return self.max_output_tokens - self.num_output_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def emit(self, num_tokens: int, t: float) -> bool:
+        """Record num_tokens new output tokens at time t; True if this was the first."""
+        first = self.num_output_tokens == 0
+        self.num_output_tokens += num_tokens
+        if first:
+            self.first_token_s = t
+        else:
+            self.itl.append(t - self.last_token_s)
+        self.last_token_s = t
+        return first

@@ -1,0 +1,241 @@
+"""The scheduler: which requests compute how many tokens in the next step.
+
+One scheduler per DP rank, in the style of vLLM's v1 scheduler (continuous batching):
+
+1. **Running requests first**, in order. Each asks for its pending tokens — a prefill
+   chunk, or 1 + draft tokens when decoding — capped by the step's remaining token
+   budget (`max_num_batched_tokens`) and, for long prefills, by
+   `long_prefill_token_threshold`. If the KV manager cannot grow its block table, the
+   lowest-priority running request is **preempted** (its KV freed, to be recomputed)
+   until it fits — possibly the request itself.
+2. **Then waiting requests**, in policy order (FCFS, or priority then arrival), while
+   budget, `max_num_seqs` and KV last. A request enters with its longest cached
+   prefix already counted as computed. No new request is admitted in a step that
+   preempted (that would only thrash), nor, under `prefill_schedule_interval` N, on a
+   step whose (rank-aligned) index is not a multiple of N.
+
+`schedule()` only plans; `update()` applies the outcome of the executed step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
+from labkit.engine.kv.kv_manager import NO_MATCH, KVManager, PrefixMatch
+from labkit.engine.request import Request, Status
+from labkit.specs.config import EngineConfig
+
+
+@dataclass(slots=True)
+class RankBatch:
+    """What one rank computes in one step."""
+
+    rank: int
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    contexts: list[int] = field(default_factory=list)  # tokens with KV before the step
+    is_decode: list[bool] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    def add(self, req: Request, n: int, decode: bool) -> None:
+        self.requests.append(req)
+        self.num_new_tokens.append(n)
+        self.contexts.append(req.num_computed_tokens)
+        self.is_decode.append(decode)
+
+    def remove(self, req: Request) -> int:
+        """Drop req's entry; returns the tokens it had been given."""
+        i = self.requests.index(req)
+        n = self.num_new_tokens[i]
+        for column in (self.requests, self.num_new_tokens, self.contexts, self.is_decode):
+            del column[i]
+        return n
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+class WaitingQueue:
+    """FCFS (a deque; preempted requests go back to the front) or priority (a heap)."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._fifo) if self.policy == "fcfs" else len(self._heap)
+
+    def push(self, req: Request, front: bool = False) -> None:
+        if self.policy == "fcfs":
+            self._fifo.appendleft(req) if front else self._fifo.append(req)
+        else:
+            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.seq, req))
+
+    def peek(self) -> Request:
+        return self._fifo[0] if self.policy == "fcfs" else self._heap[0][3]
+
+    def pop(self) -> Request:
+        return self._fifo.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[3]
+
+    def __iter__(self):
+        if self.policy == "fcfs":
+            return iter(self._fifo)
+        return (entry[3] for entry in sorted(self._heap, key=lambda e: e[:3]))
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVManager, events: EventBus,
+                 rank: int = 0) -> None:
+        self.config = config
+        self.kv = kv
+        self.events = events
+        self.rank = rank
+        self.waiting = WaitingQueue(config.scheduling_policy)
+        self.running: list[Request] = []
+        self.now = 0.0
+
+    # ----------------------------------------------------------------- state
+    def add_request(self, req: Request) -> None:
+        req.status = Status.WAITING
+        req.rank = self.rank
+        self.waiting.push(req)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def is_steady(self) -> bool:
+        """Every running request decodes, all fit in the budget, nobody waits:
+        the next steps are identical in shape until something finishes."""
+        if len(self.waiting) or not self.running:
+            return False
+        per_req = self.config.tokens_per_decode_step
+        if per_req * len(self.running) > self.config.max_num_batched_tokens:
+            return False
+        return all(r.is_decoding and not r.pending_copies for r in self.running)
+
+    # -------------------------------------------------------------- schedule
+    def schedule(self, step_index: int) -> RankBatch:
+        cfg = self.config
+        batch = RankBatch(self.rank)
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        drafts = cfg.num_speculative_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            decode = req.is_decoding
+            n = 1 + drafts if decode else req.num_pending_tokens
+            if threshold and not decode:
+                n = min(n, threshold)
+            n = min(n, budget)
+            if not decode and not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
+                i += 1
+                continue
+            while not self.kv.allocate(req, n):
+                victim = self._pick_victim()
+                if victim is not req and victim in batch.requests:
+                    budget += batch.remove(victim)  # un-schedule it (priority policy)
+                    i -= 1
+                self._preempt(victim, batch)
+                if victim is req:
+                    break
+            if req.status is not Status.RUNNING:
+                continue  # preempted itself; running[i] is now the next request
+            batch.add(req, n, decode)
+            budget -= n
+            i += 1
+
+        admit = not batch.preempted and step_index % cfg.prefill_schedule_interval == 0
+        while admit and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting.peek()
+            adopted = req.request_id in self.kv.tables  # forked from a running parent
+            match = NO_MATCH if adopted else self._cached_prefix(req)
+            cached = req.num_computed_tokens if adopted else match.num_tokens
+            pending = req.num_tokens - cached
+            n = min(pending, threshold or pending, budget)
+            if n < pending and not cfg.enable_chunked_prefill:
+                break
+            if not self.kv.allocate(req, n, match):
+                break
+            self.waiting.pop()
+            req.num_computed_tokens = cached
+            self._start(req)
+            batch.add(req, n, False)
+            budget -= n
+        return batch
+
+    def _cached_prefix(self, req: Request) -> PrefixMatch:
+        return self.kv.lookup(req) if self.config.enable_prefix_caching else NO_MATCH
+
+    def _start(self, req: Request) -> None:
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = req.num_computed_tokens
+            req.first_scheduled_s = self.now
+        req.status = Status.RUNNING
+        self.running.append(req)
+        if self.events.wants(RequestScheduled):
+            self.events.emit(RequestScheduled(self.now, req.request_id, self.rank,
+                                              req.num_computed_tokens, req.num_prompt_tokens))
+
+    def _pick_victim(self) -> Request:
+        if self.config.scheduling_policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.seq))
+        return self.running[-1]
+
+    def _preempt(self, req: Request, batch: RankBatch) -> None:
+        self.running.remove(req)
+        if self.events.wants(RequestPreempted):
+            self.events.emit(RequestPreempted(self.now, req.request_id, self.rank,
+                                              req.num_computed_tokens))
+        req.prefix_hint = self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.pending_copies.clear()
+        req.num_preemptions += 1
+        req.status = Status.PREEMPTED
+        self.waiting.push(req, front=True)
+        batch.preempted.append(req)
+
+    # ---------------------------------------------------------------- update
+    def update(self, batch: RankBatch, accepted: int, t_end: float) -> list[Request]:
+        """Apply an executed step: decode entries accept `accepted` tokens each
+        (capped by what they may still generate). Returns the finished requests."""
+        finished = []
+        for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
+            req.pending_copies.clear()
+            if decode:
+                a = min(accepted, req.remaining_output_tokens)
+                req.num_computed_tokens += a
+                req.emit(a, t_end)
+            else:
+                if req.num_computed_tokens < req.num_prompt_tokens:
+                    req.num_computed_prefill_tokens += min(
+                        n, req.num_prompt_tokens - req.num_computed_tokens)
+                req.num_computed_tokens += n
+                if req.num_computed_tokens == req.num_tokens and req.emit(1, t_end) \
+                        and self.events.wants(FirstToken):
+                    self.events.emit(FirstToken(t_end, req.request_id, self.rank))
+            self.kv.cache_full_blocks(req)
+            if req.remaining_output_tokens <= 0:
+                finished.append(req)
+        for req in finished:
+            self.finish(req, t_end)
+        return finished
+
+    def finish(self, req: Request, t: float) -> None:
+        self.running.remove(req)
+        req.status = Status.FINISHED
+        req.finish_s = t
+        req.prefix_hint = self.kv.free(req)

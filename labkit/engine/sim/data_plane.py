@@ -1,0 +1,45 @@
+"""The simulated data plane: steps take the time a cost model predicts.
+
+No tensors exist here. `execute` receives the ranks' batches for one step, reduces
+them to a `StepWork` and asks the cost model how long each rank is busy; the engine's
+virtual clock advances by the step's duration. Because the work of a steady decode
+step is known in advance, this plane can also cost whole runs of them at once
+(`supports_runs`), which the compute plane, running real kernels, cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from labkit.engine.sim.roofline import StepTiming
+from labkit.engine.sim.work import StepWork
+
+
+class StepCostModel(Protocol):
+    """What the simulated data plane needs from a cost model.
+
+    `step_timing` maps a (steps, ranks) StepWork to per-rank busy seconds and per-step
+    durations (the slowest rank when `lockstep`); it must accept any number of steps
+    and give each step the same seconds whether costed alone or in a batch of steps.
+    `min_step_s` is a lower bound on any step's duration (> 0).
+    The roofline model implements it; the calibrated, layout-aware model will too.
+    """
+
+    min_step_s: float
+
+    def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming: ...
+
+
+class SimDataPlane:
+    supports_runs = True
+
+    def __init__(self, cost_model: StepCostModel) -> None:
+        self.cost_model = cost_model
+
+    @property
+    def min_step_s(self) -> float:
+        return self.cost_model.min_step_s
+
+    def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
+        work = work if work is not None else StepWork.from_batches(batches)
+        return self.cost_model.step_timing(work, lockstep)

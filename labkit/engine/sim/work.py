@@ -1,0 +1,54 @@
+"""StepWork: what a step asks of each rank, in the few numbers a cost model needs.
+
+A step's batch on one rank is a list of (new tokens, context) pairs. Its cost depends
+on a handful of sums over that list — tokens to push through the weights, KV tokens
+to read, query-key pairs to score — so the cost model sees those sums, not the list.
+Every field is an integer array of shape (steps, ranks): one step of a whole
+instance is shape (1, R); a fast-forwarded run of k decode steps is (k, R), and the
+same cost formula evaluates both, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class StepWork:
+    prefill_tokens: np.ndarray  # new prompt (or recomputed) tokens
+    decode_tokens: np.ndarray  # decode tokens, drafts included
+    num_prefill_reqs: np.ndarray
+    num_decode_reqs: np.ndarray
+    kv_read_tokens: np.ndarray  # sum over requests of context + new tokens (KV touched)
+    prefill_pairs: np.ndarray  # query-key pairs of prefill tokens (causal)
+    decode_pairs: np.ndarray  # query-key pairs of decode tokens
+    idle: np.ndarray  # bool: the rank had nothing to do (runs a dummy step in lockstep)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.prefill_tokens + self.decode_tokens
+
+    @property
+    def num_reqs(self) -> np.ndarray:
+        return self.num_prefill_reqs + self.num_decode_reqs
+
+    @classmethod
+    def from_batches(cls, batches) -> StepWork:
+        """One step: a (1, R) StepWork from the ranks' RankBatch objects."""
+        cols = np.zeros((7, len(batches)), dtype=np.int64)
+        for r, batch in enumerate(batches):
+            for n, ctx, decode in zip(batch.num_new_tokens, batch.contexts, batch.is_decode):
+                pairs = n * ctx + n * (n + 1) // 2
+                if decode:
+                    cols[1, r] += n
+                    cols[3, r] += 1
+                    cols[6, r] += pairs
+                else:
+                    cols[0, r] += n
+                    cols[2, r] += 1
+                    cols[5, r] += pairs
+                cols[4, r] += ctx + n
+        idle = (cols[2] + cols[3]) == 0
+        return cls(*(c[None, :] for c in cols), idle=idle[None, :])

@@ -1,0 +1,170 @@
+"""The engine's knobs, named as vLLM names them.
+
+`EngineConfig` gathers every scheduling and cache knob in one validated dataclass.
+Each field carries its help text and, where there is a closed set, its allowed
+values; the CLI builds one ``--flag`` per field from that metadata, so the Python API
+and `labkit replay` can never drift apart. Unknown knobs and out-of-range values are
+rejected with the knob's name and what it accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from fractions import Fraction
+
+from labkit.errors import ConfigError
+
+ROUTER_POLICIES = ("round_robin", "least_loaded", "least_kv", "session_sticky", "prefix_aware")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
+
+# Mean accepted tokens per verify step per draft token, used when only
+# num_speculative_tokens is given (AgentX runs: 3 drafts, 2.99 accepted per step).
+DEFAULT_ACCEPT_PER_DRAFT = 0.66
+
+
+def knob(default, help: str, choices: tuple | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    block_size: int | None = knob(None, "tokens per KV block (default: the model's)")
+    num_gpu_blocks_override: int | None = knob(
+        None, "KV blocks per DP rank, instead of what fits in GPU memory")
+    gpu_memory_utilization: float = knob(0.9, "fraction of GPU memory the engine may use")
+    max_num_batched_tokens: int = knob(8192, "token budget of one step")
+    max_num_seqs: int = knob(256, "most requests running at once per DP rank")
+    max_model_len: int | None = knob(None, "longest prompt + output (default: the model's)")
+    enable_prefix_caching: bool = knob(True, "reuse KV of identical prefixes")
+    enable_chunked_prefill: bool = knob(True, "split long prefills across steps")
+    long_prefill_token_threshold: int = knob(
+        0, "at most this many tokens of one request per step (0: no limit)")
+    prefill_schedule_interval: int = knob(
+        1, "admit new prefills only on steps that are multiples of this (DEP)")
+    scheduling_policy: str = knob("fcfs", "order of the waiting queue", SCHEDULING_POLICIES)
+    num_speculative_tokens: int = knob(0, "draft tokens verified per decode step (MTP)")
+    acceptance_length: float | None = knob(
+        None, "mean tokens accepted per verify step, in [1, 1 + num_speculative_tokens] "
+        f"(default: 1 + {DEFAULT_ACCEPT_PER_DRAFT} per draft token)")
+    kv_cache_dtype: str = knob("auto", "dtype of the KV cache (auto: bf16)", KV_CACHE_DTYPES)
+    decode_context_parallel_size: int | None = knob(
+        None, "DCP degree; must agree with the layout's dcp (default: the layout's)")
+    dcp_kv_cache_interleave_size: int = knob(
+        1, "tokens per DCP shard before moving to the next rank")
+    router: str = knob("least_loaded", "how requests are spread over DP ranks",
+                       ROUTER_POLICIES)
+    seed: int = knob(0, "seed of every random choice")
+    sim_fast_forward: bool = knob(
+        True, "simulate runs of steady decode steps in one go (same results, faster)")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -------------------------------------------------------------- creation
+    @classmethod
+    def from_knobs(cls, **knobs) -> EngineConfig:
+        """Build from keyword knobs, naming any unknown one and the allowed set."""
+        names = knob_names()
+        unknown = sorted(set(knobs) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"unknown engine knob {unknown[0]!r}; allowed: {', '.join(names)}"
+            )
+        return cls(**knobs)
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> None:
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            _check_type(f.name, f.type, value)
+            if choices and value not in choices:
+                raise ConfigError(
+                    f"{f.name}={value!r} is not allowed; allowed: {', '.join(choices)}"
+                )
+        _positive(self, "max_num_batched_tokens", "max_num_seqs", "prefill_schedule_interval",
+                  "dcp_kv_cache_interleave_size")
+        _positive_or_none(self, "block_size", "num_gpu_blocks_override", "max_model_len",
+                          "decode_context_parallel_size")
+        _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        k = self.num_speculative_tokens
+        if self.acceptance_length is not None and not 1 <= self.acceptance_length <= 1 + k:
+            raise ConfigError(
+                f"acceptance_length={self.acceptance_length} must be in [1, {1 + k}] "
+                f"with num_speculative_tokens={k}"
+            )
+        if self.max_num_batched_tokens < 1 + k:
+            raise ConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} cannot hold one "
+                f"verify step of {1 + k} tokens"
+            )
+
+    # --------------------------------------------------------------- derived
+    @property
+    def tokens_per_decode_step(self) -> int:
+        """Tokens a decoding request sends through the model each step (1 + drafts)."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def acceptance(self) -> Fraction:
+        """Mean accepted tokens per verify step, exact (2.99 -> 299/100): the decimal
+        the user wrote, not the binary float nearest to it."""
+        if self.acceptance_length is not None:
+            return Fraction(str(self.acceptance_length))
+        per_draft = Fraction(str(DEFAULT_ACCEPT_PER_DRAFT))
+        return 1 + self.num_speculative_tokens * per_draft
+
+    def kv_dtype(self) -> str:
+        return "bf16" if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+
+def knob_names() -> list[str]:
+    return [f.name for f in fields(EngineConfig)]
+
+
+def knob_fields():
+    """(name, type annotation, default, help, choices) of every knob, for the CLI."""
+    for f in fields(EngineConfig):
+        default = f.default if f.default is not MISSING else None
+        yield f.name, f.type, default, f.metadata.get("help", ""), f.metadata.get("choices")
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_type(name: str, annotation: str, value) -> None:
+    """Knobs arrive from Python and from the CLI; a wrong type must name the knob."""
+    options = [part.strip() for part in str(annotation).split("|")]
+    if value is None:
+        if "None" in options:
+            return
+    else:
+        for option in options:
+            allowed = _TYPES.get(option, ())
+            if isinstance(value, allowed) and not (option != "bool" and isinstance(value, bool)):
+                return
+    wanted = " or ".join(o for o in options if o != "None")
+    raise ConfigError(f"{name}={value!r} must be {wanted}, not {type(value).__name__}")
+
+
+def _positive(cfg, *names):
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be a positive integer")
+
+
+def _positive_or_none(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name}={value} must be a positive integer (or unset)")
+
+
+def _at_least(cfg, low, *names):
+    for name in names:
+        if getattr(cfg, name) < low:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= {low}")

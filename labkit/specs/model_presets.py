@@ -1,0 +1,134 @@
+"""Model presets: published architecture numbers, plus tiny variants for CPU tests.
+
+Numbers come from each model's public `config.json` (Hugging Face) and technical
+report; `tests/specs` checks the derived parameter counts against the published
+totals (Llama-3.1-8B 8.0B, DeepSeek-V3 671B total / 37B active, ...).
+
+The `tiny-*` presets keep each family's structure (GQA vs MLA, MoE routing, shared
+experts, dense first layers, indexer, linear-attention layers) at sizes a laptop CPU
+runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+from labkit.errors import unknown_choice
+from labkit.specs.models import ModelSpec
+
+_DEEPSEEK_MLA = dict(
+    attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+)
+_DEEPSEEK_MOE = dict(
+    intermediate_size=18432, num_experts=256, num_experts_per_tok=8,
+    moe_intermediate_size=2048, num_shared_experts=1,
+)
+_DSA_INDEXER = dict(index_num_heads=64, index_head_dim=128, index_topk=2048)
+
+# Kimi-Linear-48B-A3B: KDA (linear) layers everywhere except every 4th layer and the
+# last, which use MLA (1-based full-attention layers 4, 8, ..., 24, 27).
+_KIMI_LINEAR_FULL = (3, 7, 11, 15, 19, 23, 26)
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        ModelSpec(
+            "llama-3.1-8b", "llama", num_layers=32, hidden_size=4096, vocab_size=128256,
+            num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
+            max_model_len=131072, source="meta-llama/Llama-3.1-8B config.json",
+        ),
+        ModelSpec(
+            "llama-3.1-70b", "llama", num_layers=80, hidden_size=8192, vocab_size=128256,
+            num_heads=64, num_kv_heads=8, head_dim=128, intermediate_size=28672,
+            max_model_len=131072, source="meta-llama/Llama-3.1-70B config.json",
+        ),
+        ModelSpec(
+            "qwen3-30b-a3b", "qwen3_moe", num_layers=48, hidden_size=2048, vocab_size=151936,
+            num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144,
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+            max_model_len=40960, source="Qwen/Qwen3-30B-A3B config.json",
+        ),
+        ModelSpec(
+            "deepseek-v3", "deepseek_v3", num_layers=61, hidden_size=7168, vocab_size=129280,
+            num_heads=128, **_DEEPSEEK_MLA, **_DEEPSEEK_MOE, first_k_dense=3,
+            num_mtp_modules=1, weight_dtype="fp8", max_model_len=163840, block_size=64,
+            source="deepseek-ai/DeepSeek-V3 config.json; arXiv:2412.19437",
+        ),
+        ModelSpec(
+            "deepseek-v3.2", "deepseek_v32", num_layers=61, hidden_size=7168,
+            vocab_size=129280, num_heads=128, **_DEEPSEEK_MLA, **_DEEPSEEK_MOE,
+            first_k_dense=3, **_DSA_INDEXER, num_mtp_modules=1, weight_dtype="fp8",
+            max_model_len=163840, block_size=64,
+            source="deepseek-ai/DeepSeek-V3.2-Exp config.json (DSA indexer)",
+        ),
+        ModelSpec(
+            "kimi-k2", "kimi_k2", num_layers=61, hidden_size=7168, vocab_size=163840,
+            num_heads=64, **_DEEPSEEK_MLA, intermediate_size=18432, num_experts=384,
+            num_experts_per_tok=8, moe_intermediate_size=2048, num_shared_experts=1,
+            first_k_dense=1, weight_dtype="fp8", max_model_len=131072, block_size=64,
+            source="moonshotai/Kimi-K2-Instruct config.json",
+        ),
+        ModelSpec(
+            "kimi-linear-48b-a3b", "kimi_linear", num_layers=27, hidden_size=2304,
+            vocab_size=163840, num_heads=32, attention="mla", q_lora_rank=0,
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+            intermediate_size=9216, num_experts=256, num_experts_per_tok=8,
+            moe_intermediate_size=1024, num_shared_experts=1, first_k_dense=1,
+            linear_layers=tuple(i for i in range(27) if i not in _KIMI_LINEAR_FULL),
+            linear_num_heads=32, linear_head_dim=128, linear_conv_kernel=4,
+            max_model_len=1048576, block_size=64,
+            source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json (KDA:MLA 3:1)",
+        ),
+        # ---------------------------------------------------------- tiny variants
+        ModelSpec(
+            "tiny-llama", "llama", num_layers=2, hidden_size=64, vocab_size=512,
+            num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+            max_model_len=65536, source="tiny variant of llama-3.1",
+        ),
+        ModelSpec(
+            "tiny-qwen3-moe", "qwen3_moe", num_layers=2, hidden_size=64, vocab_size=512,
+            num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            max_model_len=65536, source="tiny variant of qwen3-30b-a3b",
+        ),
+        ModelSpec(
+            "tiny-deepseek-v3", "deepseek_v3", num_layers=3, hidden_size=64, vocab_size=512,
+            num_heads=4, attention="mla", q_lora_rank=32, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            num_shared_experts=1, first_k_dense=1, num_mtp_modules=1,
+            max_model_len=65536, block_size=16, source="tiny variant of deepseek-v3",
+        ),
+        ModelSpec(
+            "tiny-deepseek-v3.2", "deepseek_v32", num_layers=3, hidden_size=64,
+            vocab_size=512, num_heads=4, attention="mla", q_lora_rank=32, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            num_shared_experts=1, first_k_dense=1, index_num_heads=2, index_head_dim=16,
+            index_topk=32, num_mtp_modules=1, max_model_len=65536, block_size=16,
+            source="tiny variant of deepseek-v3.2",
+        ),
+        ModelSpec(
+            "tiny-kimi-linear", "kimi_linear", num_layers=4, hidden_size=64, vocab_size=512,
+            num_heads=4, attention="mla", kv_lora_rank=32, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+            first_k_dense=1, linear_layers=(0, 1, 2), linear_num_heads=4,
+            linear_head_dim=16, linear_conv_kernel=4, max_model_len=65536, block_size=16,
+            source="tiny variant of kimi-linear (3 KDA : 1 MLA)",
+        ),
+    ]
+}
+
+# Short names people type.
+MODEL_ALIASES = {"kimi-linear": "kimi-linear-48b-a3b", "kimi-linear-style": "kimi-linear-48b-a3b"}
+
+
+def get_model(model: str | ModelSpec) -> ModelSpec:
+    """A preset by name (or a ModelSpec passed through); names the presets on a typo."""
+    if isinstance(model, ModelSpec):
+        return model
+    name = str(model).lower()
+    name = MODEL_ALIASES.get(name, name)
+    if name not in MODEL_PRESETS:
+        raise unknown_choice("model preset", model, MODEL_PRESETS)
+    return MODEL_PRESETS[name]

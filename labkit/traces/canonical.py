@@ -1,0 +1,136 @@
+"""Chain-unique block ids: when an id alone can serve as a prefix-cache key.
+
+A prefix cache keys a block by its content *and everything before it* (vLLM
+chains the parent block's hash into each block's hash). Trace files only promise
+"equal ids = equal block content", so in general the key of block ``j`` would be
+the whole tuple ``(id_0, ..., id_j)``.
+
+We avoid carrying tuples around by making ids **chain-unique** at load: an id
+never appears at two different block positions, nor after two different
+predecessor ids. Then, by induction, an id determines its whole prefix, and an
+engine may use the id by itself as the cache key.
+
+Most traces already are chain-unique (Mooncake's and our generator's are), so we
+first *check* cheaply and only re-number when needed. Re-numbering gives one new
+id per distinct chain ``(canonical predecessor, raw id)``, built level by level
+(block position 0, 1, 2, ...), since a block's canonical id depends on its
+predecessor's. The first chain to use a raw id keeps it, so ids stay recognisable;
+the others get fresh ids above the largest raw id (or, when that would pass 2**40,
+every chain is numbered 0, 1, 2, ... in order of first appearance).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from labkit.traces.validate import MAX_HASH_ID
+
+
+def _dense(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Ids renamed to small non-negative integers (kept as they are when already
+    small), and a bound on them -- so that tables can be indexed by id."""
+    top = int(ids.max())
+    if top < 4 * len(ids) + 2**20:
+        return ids, top + 1
+    _, dense = np.unique(ids, return_inverse=True)
+    return dense.astype(np.int64, copy=False), int(dense.max()) + 1
+
+
+def _flatten(hash_lists: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """All ids in one array (densified), the prompt lengths, and the id bound."""
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    ids = np.concatenate(hash_lists) if hash_lists else np.empty(0, np.int64)
+    if len(ids) == 0:
+        return ids, lengths, 0
+    dense, n_ids = _dense(ids)
+    return dense, lengths, n_ids
+
+
+def _chain_unique(dense: np.ndarray, lengths: np.ndarray, n_ids: int) -> bool:
+    """Does every id have a single block position and a single predecessor?
+
+    Scatter each entry's position (then predecessor) into a table indexed by id.
+    Whatever entry wins a duplicate write, the column is constant per id iff
+    reading the table back agrees everywhere: O(n), no sort.
+    """
+    starts = np.cumsum(lengths) - lengths
+    pos = np.arange(len(dense), dtype=np.int64) - np.repeat(starts, lengths)
+    table = np.empty(n_ids, dtype=np.int64)
+    table[dense] = pos
+    if not np.array_equal(table[dense], pos):
+        return False
+    del pos  # traces can be large: keep one column alive at a time
+    pred = np.empty_like(dense)
+    pred[1:] = dense[:-1]
+    pred[starts[lengths > 0]] = -1
+    table[dense] = pred
+    return bool(np.array_equal(table[dense], pred))
+
+
+def is_chain_unique(hash_lists: list[np.ndarray]) -> bool:
+    dense, lengths, n_ids = _flatten(hash_lists)
+    return len(dense) == 0 or _chain_unique(dense, lengths, n_ids)
+
+
+def _chain_labels(dense: np.ndarray, lengths: np.ndarray,
+                  n_ids: int) -> tuple[np.ndarray, np.ndarray]:
+    """Label each entry by its chain; also return each label's first flat index.
+
+    Walk block positions 0, 1, 2, ...: at each, the entries of every prompt long
+    enough, keyed by (label of the predecessor, raw id).
+    """
+    starts = np.cumsum(lengths) - lengths
+    labels = np.empty(len(dense), dtype=np.int64)
+    first_at = np.empty(len(dense), dtype=np.int64)  # per label; only [:next_label] used
+    alive = np.flatnonzero(lengths > 0)             # prompts that reach this position
+    next_label, position = 0, 0
+    while len(alive):
+        idx = starts[alive] + position   # ascending: prompts in file order
+        # The predecessor of entry idx is idx - 1 (same prompt); at position 0 it
+        # is "none" (-1). Labels are < len(dense), so the packed key fits in int64.
+        pred = labels[idx - 1] if position else np.full(len(idx), -1, np.int64)
+        key = (pred + 1) * n_ids + dense[idx]
+        order = np.argsort(key)
+        sorted_key = key[order]
+        new_group = np.empty(len(key), dtype=bool)
+        new_group[0] = True
+        np.not_equal(sorted_key[1:], sorted_key[:-1], out=new_group[1:])
+        group = np.cumsum(new_group) - 1
+        labels[idx[order]] = next_label + group
+        # First appearance of a group = its smallest idx (idx is ascending).
+        n_groups = int(group[-1]) + 1
+        first = np.minimum.reduceat(order, np.flatnonzero(new_group))
+        first_at[next_label:next_label + n_groups] = idx[first]
+        next_label += n_groups
+        position += 1
+        alive = alive[lengths[alive] > position]
+    return labels, first_at[:next_label]
+
+
+def _by_appearance(chosen: np.ndarray, first_at: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The chosen chain labels, in order of first appearance (a mark-and-scan, no sort)."""
+    marks = np.zeros(len(labels), dtype=bool)
+    marks[first_at[chosen]] = True
+    return labels[np.flatnonzero(marks)]  # the entry where a chain first appears is its own
+
+
+def canonicalize(hash_lists: list[np.ndarray]) -> list[np.ndarray] | None:
+    """Chain-unique copies of ``hash_lists``, or None when they already are."""
+    dense, lengths, n_ids = _flatten(hash_lists)
+    if len(dense) == 0 or _chain_unique(dense, lengths, n_ids):
+        return None
+    ids = np.concatenate(hash_lists)
+    labels, first_at = _chain_labels(dense, lengths, n_ids)
+    # For each raw id, the chain that appears first keeps it.
+    chain_id = dense[first_at]
+    earliest = np.full(n_ids, len(dense), dtype=np.int64)
+    np.minimum.at(earliest, chain_id, first_at)
+    renamed = _by_appearance(first_at != earliest[chain_id], first_at, labels)
+    new_ids = ids[first_at]
+    top = int(ids.max())
+    if top + len(renamed) < MAX_HASH_ID:
+        new_ids[renamed] = top + 1 + np.arange(len(renamed), dtype=np.int64)
+    else:  # no room above the raw ids: number every chain by first appearance
+        every = _by_appearance(np.ones(len(first_at), dtype=bool), first_at, labels)
+        new_ids[every] = np.arange(len(first_at), dtype=np.int64)
+    flat = new_ids[labels]
+    return [part.copy() for part in np.split(flat, np.cumsum(lengths)[:-1])]

@@ -1,0 +1,103 @@
+"""Reading JSON-lines trace files with errors that point at the line.
+
+Both trace formats we read (labkit's own and Mooncake's) are JSON lines: one JSON
+object per line. This module does the format-independent part: parse each line,
+check that the object has exactly the expected fields with the expected JSON
+types, and turn the ``hash_ids`` list into an int64 array -- raising
+``TraceError("<path>:<line>: <reason>")`` at the first problem. Blank lines are
+skipped (but still counted, so line numbers match what an editor shows).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import numpy as np
+
+from labkit.traces.validate import TraceError
+
+# JSON type names used in field specs, and how to recognise them. bool is a
+# subclass of int in Python, but `true` is not a valid length.
+_TYPE_CHECKS = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "list of integers": lambda v: isinstance(v, list),  # elements checked by id_array
+}
+
+# A field spec maps a field name to (JSON type, required, nullable).
+FieldSpec = dict[str, tuple[str, bool, bool]]
+
+
+def open_text(path: str):
+    """Open a trace for reading; ``.gz`` files are decompressed on the fly."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_objects(path: str) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-blank line (1-based)."""
+    with open_text(path) as f:
+        for line_no, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(path, line_no,
+                                 f"invalid JSON: {e.msg} (column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise TraceError(path, line_no,
+                                 f"expected a JSON object, got {type(obj).__name__}")
+            yield line_no, obj
+
+
+def check_fields(obj: dict, spec: FieldSpec, path: str, line: int) -> None:
+    """Raise TraceError if a required field is missing, a field is unknown, or a
+    value has the wrong JSON type (checked in that order, fields in spec order)."""
+    for name, (_, required, _) in spec.items():
+        if required and name not in obj:
+            raise TraceError(path, line, f"missing field {name!r}")
+    for name in obj:
+        if name not in spec:
+            raise TraceError(path, line, f"unknown field {name!r}")
+    for name, (type_name, _, nullable) in spec.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if value is None and nullable:
+            continue
+        if not _TYPE_CHECKS[type_name](value):
+            article = "an" if type_name[0] in "aeiou" else "a"
+            expected = f"{article} {type_name}" + (" or null" if nullable else "")
+            raise TraceError(path, line, f"field {name!r} must be {expected}, "
+                                         f"got {_json_type(value)}")
+
+
+def id_array(values: list, path: str, line: int) -> np.ndarray:
+    """The ``hash_ids`` list as an int64 array (range is checked by check_request)."""
+    if not values:
+        return np.empty(0, dtype=np.int64)
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):
+        arr = None
+    # Any non-integer element (float, string, null, bool, nested list) makes numpy
+    # pick a non-integer dtype, so one dtype test covers them all without a
+    # Python loop over millions of ids.
+    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise TraceError(path, line, "field 'hash_ids' must be a list of integers")
+    if arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max:
+        raise TraceError(path, line, "hash_ids must be integers in [0, 2**40)")
+    return arr.astype(np.int64, copy=False)
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {str: "string", int: "integer", float: "number", list: "list",
+            dict: "object"}.get(type(value), type(value).__name__)

@@ -1,0 +1,206 @@
+"""The canonical trace: requests whose prompts are lists of block ids.
+
+A trace fixes a ``block_size`` (tokens per block). Each request's prompt is
+described by its length and one id per block (the last block may be partial);
+equal ids mean equal content, and -- after loading -- equal *prefixes*, because
+ids are made chain-unique (see ``canonical.py``). That is all a serving engine
+needs to reproduce prefix-cache behaviour.
+
+Agentic sessions are threads of calls. ``parent_id`` says which call a request
+continues:
+
+* a **main** call's parent is the previous main call of the session (None for the
+  first); each main call has at most one main child, its *successor*;
+* a **subagent**'s first call has the main call it forks from as parent: its prompt
+  starts with that call's input + output, then its own task. Later calls of the
+  subagent have the previous call of that subagent as parent. Parallel subagents
+  are siblings forked from the same main call.
+
+Replay rule. Closed loop: a call is sent ``delay_s`` after its parent *and* the
+calls in ``Trace.joins(call)`` have completed -- a main call whose parent spawned
+subagents waits for them, since their reports are part of its prompt. Open loop
+(``timestamp`` set, as in Mooncake traces): a call arrives at its timestamp.
+
+The next call of a thread re-sends this call's output as part of its prompt, so
+its ids also name the blocks holding this call's *generated* tokens.
+``context_ids`` exposes them, so an engine can register generated KV under the
+ids the next turn will look up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from labkit.traces.canonical import canonicalize
+from labkit.traces.validate import TraceError, check_links, check_request
+
+
+@dataclass(slots=True, eq=False)
+class TraceRequest:
+    session_id: str
+    request_id: str          # unique in the trace
+    parent_id: str | None    # the call this one continues from (see module docstring)
+    kind: str                # "main" | "subagent"
+    delay_s: float           # idle time (tool run) after the parent completes
+    input_length: int        # prompt tokens, > 0
+    output_length: int       # generated tokens, >= 1
+    hash_ids: np.ndarray     # int64, one id per block of the prompt
+    timestamp: float | None = None   # absolute arrival (s) for open-loop traces
+    priority: int = 0        # lower = more urgent (vLLM convention)
+
+    def __eq__(self, other: object) -> bool:
+        # Field-by-field, with numpy equality for the ids (the dataclass default
+        # would ask numpy for the truth value of an array).
+        if not isinstance(other, TraceRequest):
+            return NotImplemented
+        return (self.session_id == other.session_id and self.request_id == other.request_id
+                and self.parent_id == other.parent_id and self.kind == other.kind
+                and self.delay_s == other.delay_s and self.input_length == other.input_length
+                and self.output_length == other.output_length
+                and self.timestamp == other.timestamp and self.priority == other.priority
+                and np.array_equal(self.hash_ids, other.hash_ids))
+
+    __hash__ = None  # mutable
+
+
+@dataclass(slots=True)
+class Trace:
+    """Requests in file order (a parent always precedes its children).
+
+    Construction validates the requests (``TraceError`` on the first problem),
+    converts ``hash_ids`` to int64 arrays, makes ids chain-unique (replacing the
+    requests' ``hash_ids`` when the input was not), and builds the lookups once:
+    treat the trace as read-only afterwards.
+    """
+
+    block_size: int
+    requests: list[TraceRequest]
+    source: str = field(default="", compare=False)  # path or "generated(...)"
+    format: str = "labkit"                           # "labkit" | "mooncake"
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _parent: list[int] = field(init=False, repr=False, compare=False)     # -1: none
+    _successor: list[int] = field(init=False, repr=False, compare=False)  # -1: none
+    _children: dict[int, list[int]] = field(init=False, repr=False, compare=False)
+    _sessions: list[list[int]] = field(init=False, repr=False, compare=False)
+    _max_hash_id: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        where = self.source or "<trace>"
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise TraceError(where, 1, f"block_size must be a positive integer, "
+                                       f"got {self.block_size!r}")
+        for i, req in enumerate(self.requests):
+            if not (isinstance(req.hash_ids, np.ndarray) and req.hash_ids.dtype == np.int64):
+                req.hash_ids = np.asarray(req.hash_ids, dtype=np.int64)
+            reason = check_request(req, self.block_size)
+            if reason:
+                raise TraceError(where, i + 1, reason)
+        check_links(self.requests, where)
+        remapped = canonicalize([r.hash_ids for r in self.requests])
+        if remapped is not None:
+            for req, ids in zip(self.requests, remapped, strict=True):
+                req.hash_ids = ids
+        self._build_lookups()
+
+    def _build_lookups(self) -> None:
+        n = len(self.requests)
+        self._index = {r.request_id: i for i, r in enumerate(self.requests)}
+        self._parent = [-1] * n
+        self._successor = [-1] * n
+        self._children = {}
+        sessions: dict[str, list[int]] = {}
+        for i, req in enumerate(self.requests):
+            sessions.setdefault(req.session_id, []).append(i)
+            if req.parent_id is None:
+                continue
+            p = self._index[req.parent_id]
+            self._parent[i] = p
+            self._children.setdefault(p, []).append(i)
+            if req.kind == self.requests[p].kind:  # same thread: main->main, sub->sub
+                self._successor[p] = i
+        self._sessions = list(sessions.values())
+        self._max_hash_id = max((int(r.hash_ids.max()) for r in self.requests), default=-1)
+
+    # -- lookups -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def request(self, request_id: str) -> TraceRequest:
+        return self.requests[self._index[request_id]]
+
+    def sessions(self) -> list[list[TraceRequest]]:
+        """Requests grouped by session, sessions in order of first appearance."""
+        return [[self.requests[i] for i in idx] for idx in self._sessions]
+
+    def children(self, req: TraceRequest) -> list[TraceRequest]:
+        return [self.requests[i] for i in self._children.get(self._index[req.request_id], [])]
+
+    def successor(self, req: TraceRequest) -> TraceRequest | None:
+        """The next call of the same thread (main -> main child, subagent -> subagent child)."""
+        s = self._successor[self._index[req.request_id]]
+        return self.requests[s] if s >= 0 else None
+
+    def parent(self, req: TraceRequest) -> TraceRequest | None:
+        p = self._parent[self._index[req.request_id]]
+        return self.requests[p] if p >= 0 else None
+
+    def joins(self, req: TraceRequest) -> list[TraceRequest]:
+        """Calls ``req`` waits for besides its parent: for a main call, the last call
+        of every subagent forked from its parent (their results are in its prompt)."""
+        parent = self.parent(req)
+        if req.kind != "main" or parent is None:
+            return []
+        last_calls = []
+        for child in self.children(parent):
+            if child.kind != "subagent":
+                continue
+            while (nxt := self.successor(child)) is not None:
+                child = nxt
+            last_calls.append(child)
+        return last_calls
+
+    @property
+    def max_hash_id(self) -> int:
+        return self._max_hash_id
+
+    # -- block ids of generated tokens ---------------------------------------
+    def context_ids(self, req: TraceRequest) -> np.ndarray:
+        """Ids of the blocks covering ``req``'s input *and output* tokens.
+
+        Full input blocks come from ``req.hash_ids``; the rest (from block
+        ``input_length // block_size`` on) from the successor's prompt, when the
+        successor re-sends this call's whole context (same ids on req's full input
+        blocks, and a prompt at least input + output long). Unknown positions are
+        -1. The last block, if partial, gets the id of the successor's block at
+        that position -- fuller than ours; engines only cache full blocks.
+        """
+        bs = self.block_size
+        n_ctx = -(-(req.input_length + req.output_length) // bs)
+        n_full_in = req.input_length // bs
+        out = np.full(n_ctx, -1, dtype=np.int64)
+        out[:n_full_in] = req.hash_ids[:n_full_in]
+        nxt = self.successor(req)
+        if (nxt is not None
+                and nxt.input_length >= req.input_length + req.output_length
+                and np.array_equal(nxt.hash_ids[:n_full_in], req.hash_ids[:n_full_in])):
+            out[n_full_in:] = nxt.hash_ids[n_full_in:n_ctx]
+        return out
+
+    def fork_tokens(self, req: TraceRequest) -> int:
+        """For a subagent's first call: leading prompt tokens equal to its parent's
+        context (parent input + output), else 0. Counted in whole blocks when the
+        prompt departs from the parent's context before its last full block."""
+        parent = self.parent(req)
+        if req.kind != "subagent" or parent is None or parent.kind != "main":
+            return 0
+        bs = self.block_size
+        ctx_tokens = parent.input_length + parent.output_length
+        n_full = ctx_tokens // bs
+        ctx = self.context_ids(parent)[:n_full]
+        mine = req.hash_ids[:n_full]
+        agree = mine == ctx[:len(mine)]
+        n_agree = len(mine) if agree.all() else int(np.argmin(agree))  # first mismatch
+        if n_agree == n_full:
+            return min(ctx_tokens, req.input_length)
+        return min(n_agree * bs, req.input_length)

@@ -1,0 +1,135 @@
+"""The block pool against a naive, list-based reference of vLLM's block pool.
+
+The reference keeps the free queue as a plain Python list (head = next to reuse),
+exactly as vLLM's doubly linked list orders it: freed blocks appended in the order
+given, hits removed from the middle, allocations popped from the head (dropping their
+cache keys). Any sequence of operations must leave both pools in the same state.
+"""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit.engine.kv.block_pool import BlockPool
+
+
+class NaivePool:
+    def __init__(self, n):
+        self.ref = [0] * n
+        self.key = [None] * n
+        self.cached = {}
+        self.free = list(range(n))
+
+    def allocate(self, k):
+        taken, self.free = self.free[:k], self.free[k:]
+        for b in taken:
+            if self.key[b] is not None:
+                del self.cached[self.key[b]]
+                self.key[b] = None
+            self.ref[b] = 1
+        return taken
+
+    def touch(self, blocks):
+        for b in blocks:
+            if self.ref[b] == 0:
+                self.free.remove(b)
+            self.ref[b] += 1
+
+    def release(self, blocks):
+        for b in blocks:
+            self.ref[b] -= 1
+        self.free.extend(b for b in blocks if self.ref[b] == 0)
+
+    def cache(self, blocks, keys):
+        for b, k in zip(blocks, keys):
+            if k not in self.cached:
+                self.cached[k] = b
+                self.key[b] = k
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["alloc", "touch", "free", "cache"]),
+              st.integers(0, 10_000), st.integers(1, 6)),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops, st.integers(4, 40))
+def test_pool_matches_naive_reference(operations, num_blocks):
+    pool, ref = BlockPool(num_blocks), NaivePool(num_blocks)
+    held: list[list[int]] = []  # groups of blocks some "request" holds
+    next_key = 0
+    for op, pick, size in operations:
+        if op == "alloc":
+            size = min(size, len(ref.free))
+            if size == 0:
+                continue
+            got = pool.allocate(size).tolist()
+            assert got == ref.allocate(size)
+            held.append(got)
+        elif op == "touch":
+            cached = sorted(ref.cached.items())
+            if not cached:
+                continue
+            blocks = [b for _, b in cached[pick % len(cached):][:size]]
+            pool.touch(np.array(blocks, dtype=np.int32))
+            ref.touch(blocks)
+            held.append(blocks)
+        elif op == "free" and held:
+            group = held.pop(pick % len(held))
+            pool.free(np.array(group[::-1], dtype=np.int32))
+            ref.release(group[::-1])
+        elif op == "cache" and held:
+            group = held[pick % len(held)]
+            keys = list(range(next_key, next_key + len(group)))
+            if pick % 3 == 0 and ref.cached:  # sometimes a key another block already has
+                keys[0] = next(iter(ref.cached))
+            next_key += len(group)
+            fresh = [(b, k) for b, k in zip(group, keys) if ref.key[b] is None]
+            blocks = np.array([b for b, _ in fresh], dtype=np.int32)
+            pool.cache_blocks(blocks, np.array([k for _, k in fresh], dtype=np.int64))
+            ref.cache([b for b, _ in fresh], [k for _, k in fresh])
+        assert pool.free_order().tolist() == ref.free
+        assert pool.ref_count.tolist() == ref.ref
+        assert pool.num_free == len(ref.free)
+        assert pool.num_free + pool.num_used == num_blocks
+        assert {k: pool.cached_block(k) for k in ref.cached} == ref.cached
+        assert pool.num_cached == len(ref.cached)
+
+
+def test_free_queue_compaction_keeps_order():
+    pool, ref = BlockPool(8), NaivePool(8)
+    for _ in range(200):  # many hit/free cycles leave stale entries behind
+        blocks = pool.allocate(3)
+        ref.allocate(3)
+        pool.free(blocks[::-1])
+        ref.release(blocks.tolist()[::-1])
+        pool.touch(blocks[:1])
+        ref.touch(blocks.tolist()[:1])
+        pool.free(blocks[:1])
+        ref.release(blocks.tolist()[:1])
+    assert pool.free_order().tolist() == ref.free
+    assert pool._free._entries <= 4 * 8 + 1024
+
+
+def test_freeing_an_unused_block_is_an_error():
+    pool = BlockPool(4)
+    try:
+        pool.free(np.array([0], dtype=np.int32))
+    except RuntimeError as err:
+        assert "not in use" in str(err)
+    else:
+        raise AssertionError("expected an error")
+
+
+def test_eviction_drops_the_key_and_generation_moves():
+    pool = BlockPool(2)
+    a = pool.allocate(2)
+    pool.cache_blocks(a, np.array([7, 8]))
+    gen = pool.generation[a].copy()
+    pool.free(a[::-1])  # block a[1] first in line for reuse
+    assert pool.cached_block(8) == a[1]
+    b = pool.allocate(1)
+    assert b[0] == a[1] and pool.cached_block(8) == -1 and pool.cached_block(7) == a[0]
+    assert pool.generation[b[0]] == gen[1] + 1

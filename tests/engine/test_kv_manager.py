@@ -1,0 +1,268 @@
+"""The KV manager: property tests against naive references, and fork semantics.
+
+A hypothesis state machine opens requests whose prompts share prefixes (a random tree
+of block ids), admits them with their cached prefix, computes tokens, forks and frees
+them, passing prefix hints along as a replay would. After every step:
+
+- ref counts are never negative and equal the number of tables holding each block;
+- free + used = total, and the free queue holds exactly the unreferenced blocks;
+- a block carries a key exactly when the cache hands it out for that key;
+- `lookup` (hint + binary search + dictionary walk) equals a naive walk of the cache,
+  block for block.
+
+At the end everything is freed and nothing may leak.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from labkit.engine.kv import KVManager, TraceBlockKeys
+from labkit.engine.kv.block_pool import NO_KEY
+from labkit.engine.request import Request
+
+BS = 4
+
+
+def naive_lookup(kv: KVManager, req) -> list[int]:
+    """Walk the cache key by key; cap so that at least one token is recomputed."""
+    limit = min((req.num_tokens - 1) // kv.block_size, req.keys.num_blocks)
+    blocks = []
+    for j in range(limit):
+        b = kv.pool._cached.get(req.keys.key(j))
+        if b is None:
+            break
+        blocks.append(b)
+    return blocks
+
+
+class KVMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(8, 48))
+    def setup(self, num_blocks):
+        self.kv = KVManager(num_blocks, BS)
+        self.next_id = 0
+        self.counter = 0
+        self.fresh: list[Request] = []  # created, not admitted
+        self.running: list[Request] = []
+        self.hints: dict[str, object] = {}
+        self.paths: list[np.ndarray] = [np.empty(0, dtype=np.int64)]
+
+    def _new_request(self, ids: np.ndarray, tokens: int, hint=None, forked=0) -> Request:
+        self.counter += 1
+        req = Request(f"r{self.counter}", "s", tokens, 4, 0.0,
+                      keys=TraceBlockKeys(ids, BS, BS), prefix_hint=hint)
+        req.forked_tokens = forked
+        return req
+
+    @rule(base=st.integers(0, 10_000), keep=st.integers(0, 12), extra=st.integers(1, 8),
+          partial=st.integers(0, BS - 1))
+    def open_request(self, base, keep, extra, partial):
+        """A prompt that shares `keep` blocks with an earlier path, then goes its own way."""
+        prefix = self.paths[base % len(self.paths)][:keep]
+        new = np.arange(self.next_id, self.next_id + extra + 1, dtype=np.int64)
+        self.next_id += extra + 1
+        ids = np.concatenate([prefix, new])
+        self.paths.append(ids)
+        tokens = (len(ids) - 1) * BS + max(partial, 1)
+        hint = self.hints.get(f"{base % max(len(self.paths), 1)}")
+        self.fresh.append(self._new_request(ids, tokens, hint))
+
+    @precondition(lambda self: self.fresh)
+    @rule(pick=st.integers(0, 10_000), chunk=st.integers(1, 40))
+    def admit(self, pick, chunk):
+        req = self.fresh[pick % len(self.fresh)]
+        match = self.kv.lookup(req)
+        expected = naive_lookup(self.kv, req)
+        full = match.blocks[: match.num_tokens // BS]
+        assert full.tolist() == expected
+        event("hit" if expected else "miss")
+        if req.prefix_hint is not None and expected:
+            event("hit with a prefix hint")
+        n = min(chunk, req.num_tokens - match.num_tokens)
+        free_before = self.kv.pool.num_free
+        if self.kv.allocate(req, n, match):
+            self.fresh.remove(req)
+            req.num_computed_tokens = match.num_tokens
+            self.running.append(req)
+        else:
+            assert self.kv.pool.num_free == free_before  # a refusal changes nothing
+            assert req.request_id not in self.kv.tables
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 10_000), chunk=st.integers(1, 12))
+    def compute(self, pick, chunk):
+        """Compute the scheduled tokens, register full blocks, schedule the next chunk."""
+        req = self.running[pick % len(self.running)]
+        table = self.kv.table(req.request_id)
+        covered = min(len(table) * BS, req.num_tokens)
+        req.num_computed_tokens = max(req.num_computed_tokens, covered)
+        self.kv.cache_full_blocks(req)
+        more = min(chunk, req.num_tokens - req.num_computed_tokens)
+        if more > 0:
+            self.kv.allocate(req, more)
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 10_000), extra=st.integers(1, 6))
+    def fork(self, pick, extra):
+        """A child shares a running parent's computed tokens and adds its own."""
+        parent = self.running[pick % len(self.running)]
+        shared = parent.num_computed_tokens
+        if shared == 0:
+            return
+        ids = np.concatenate([parent.keys.ids[: -(-shared // BS)],
+                              np.arange(self.next_id, self.next_id + 2, dtype=np.int64)])
+        self.next_id += 2
+        child = self._new_request(ids, shared + extra)
+        self.kv.fork(parent, child, shared)
+        assert self.kv.table(child.request_id).tolist() == \
+            self.kv.table(parent.request_id)[: -(-shared // BS)].tolist()
+        if self.kv.allocate(child, extra):
+            event("fork")
+            if shared % BS:  # wrote into the shared partial block: it was copied
+                event("copy-on-write")
+                (src, dst), = child.pending_copies
+                assert self.kv.table(parent.request_id)[shared // BS] == src
+                assert self.kv.table(child.request_id)[shared // BS] == dst != src
+            self.running.append(child)
+        else:
+            self.kv.free(child)
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 10_000), slot=st.integers(0, 10_000))
+    def free(self, pick, slot):
+        req = self.running.pop(pick % len(self.running))
+        hint = self.kv.free(req)
+        self.hints[f"{slot % (len(self.paths) + 1)}"] = hint
+        # a successor extends the same prompt and inherits the hint
+        ids = np.concatenate([req.keys.ids, np.arange(self.next_id, self.next_id + 2)])
+        self.next_id += 2
+        self.paths.append(ids)
+        self.fresh.append(self._new_request(ids, len(ids) * BS - 1, hint))
+
+    @invariant()
+    def ref_counts_match_tables(self):
+        if not hasattr(self, "kv"):
+            return
+        counts = np.zeros(self.kv.num_blocks, dtype=np.int64)
+        for table in self.kv.tables.values():
+            np.add.at(counts, table.view(), 1)
+        assert (self.kv.pool.ref_count >= 0).all()
+        assert counts.tolist() == self.kv.pool.ref_count.tolist()
+
+    @invariant()
+    def free_plus_used_is_total(self):
+        if not hasattr(self, "kv"):
+            return
+        pool = self.kv.pool
+        assert pool.num_free + pool.num_used == pool.num_blocks
+        free = sorted(pool.free_order().tolist())
+        assert free == np.flatnonzero(pool.ref_count == 0).tolist()
+
+    @invariant()
+    def keys_are_registered(self):
+        if not hasattr(self, "kv"):
+            return
+        pool = self.kv.pool
+        keyed = np.flatnonzero(pool.block_key != NO_KEY)
+        assert sorted(pool._cached.values()) == sorted(keyed.tolist())
+        for b in keyed.tolist():
+            assert pool._cached[int(pool.block_key[b])] == b
+
+    def teardown(self):
+        if not hasattr(self, "kv"):
+            return
+        for req in self.running:
+            self.kv.free(req)
+        assert not self.kv.tables
+        assert self.kv.pool.num_free == self.kv.num_blocks
+        assert (self.kv.pool.ref_count == 0).all()
+
+
+KVMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestKVManager = KVMachine.TestCase
+
+
+# ------------------------------------------------------------ hand-made cases
+def _req(name, ids, tokens, hint=None, forked=0):
+    r = Request(name, "s", tokens, 8, 0.0, keys=TraceBlockKeys(np.asarray(ids), BS, BS),
+                prefix_hint=hint)
+    r.forked_tokens = forked
+    return r
+
+
+def _run(kv, req, computed):
+    """Admit req and pretend it computed `computed` tokens."""
+    match = kv.lookup(req)
+    assert kv.allocate(req, computed - match.num_tokens, match)
+    req.num_computed_tokens = computed
+    kv.cache_full_blocks(req)
+    return match
+
+
+def test_lookup_is_capped_one_token_short():
+    kv = KVManager(16, BS)
+    a = _req("a", [1, 2, 3], 12)
+    _run(kv, a, 12)
+    kv.free(a)
+    same = _req("b", [1, 2, 3], 12)  # identical prompt: last block must be recomputed
+    assert kv.lookup(same).num_tokens == 8
+    longer = _req("c", [1, 2, 3, 4], 13)
+    assert kv.lookup(longer).num_tokens == 12
+
+
+def test_subagent_fork_adopts_the_partial_tail_and_copies_on_write():
+    kv = KVManager(16, BS)
+    parent = _req("p", [1, 2, 3], 10)  # 2 full blocks + 2 tokens in the third
+    _run(kv, parent, 10)
+    tail = kv.table("p")[2]
+    hint = kv.free(parent)
+    assert hint.tail == tail and hint.num_tokens == 10
+    # two subagents fork from the parent's context (10 tokens) and add their own
+    kids = [_req(f"k{i}", [1, 2, 30 + i, 40 + i], 14, hint, forked=10) for i in range(2)]
+    m0 = kv.lookup(kids[0])
+    assert m0.forked and m0.num_tokens == 10 and m0.blocks[-1] == tail
+    assert kv.allocate(kids[0], 4, m0)  # first writer: the tail is only its own
+    assert kids[0].pending_copies == [] and kv.table("k0")[2] == tail
+    m1 = kv.lookup(kids[1])
+    assert m1.num_tokens == 10
+    assert kv.allocate(kids[1], 4, m1)  # second: the shared tail is copied first
+    (src, dst), = kids[1].pending_copies
+    assert src == tail and dst != tail and kv.table("k1")[2] == dst
+    assert kv.pool.ref_count[kv.table("k0")[:2]].tolist() == [2, 2]  # full blocks shared
+
+
+def test_a_reused_tail_is_not_adopted():
+    kv = KVManager(4, BS)
+    parent = _req("p", [1, 2], 6)
+    _run(kv, parent, 6)
+    hint = kv.free(parent)
+    other = _req("x", [9, 8, 7, 6], 16)  # takes every block, the tail included
+    _run(kv, other, 16)
+    kv.free(other)
+    kid = _req("k", [1, 2, 3], 9, hint, forked=6)
+    assert kv.lookup(kid).num_tokens == 0
+
+
+def test_prefix_hint_of_another_rank_is_ignored():
+    a, b = KVManager(8, BS, rank=0), KVManager(8, BS, rank=1)
+    r = _req("r", [1, 2, 3], 12)
+    _run(a, r, 12)
+    hint = a.free(r)
+    nxt = _req("n", [1, 2, 3, 4], 16, hint)
+    assert a.lookup(nxt).num_tokens == 12 and b.lookup(nxt).num_tokens == 0
+
+
+@pytest.mark.parametrize("engine_bs,trace_bs", [(4, 16), (16, 16), (64, 16)])
+def test_block_keys_name_prefixes_across_block_sizes(engine_bs, trace_bs):
+    """Keys agree exactly on the engine blocks two id chains share."""
+    a = np.array([10, 11, 12, 13, 14, 15, 16, 17])
+    b = np.array([10, 11, 12, 13, 90, 91, 92, 93])  # same first 4 trace blocks
+    ka, kb = (TraceBlockKeys(x, trace_bs, engine_bs) for x in (a, b))
+    n = min(ka.num_blocks, kb.num_blocks)
+    same = ka.keys(0, n) == kb.keys(0, n)
+    shared_tokens = 4 * trace_bs
+    assert same.tolist() == [(j + 1) * engine_bs <= shared_tokens for j in range(n)]
+    assert len(set(ka.keys(0, ka.num_blocks).tolist())) == ka.num_blocks
+    assert [ka.key(j) for j in range(n)] == ka.keys(0, n).tolist()

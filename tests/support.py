@@ -1,0 +1,22 @@
+"""Test helpers shared by several folders: small traces, where reference data lives."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+MOONCAKE = SHARED_DATA / "traces" / "mooncake_synthetic_trace.jsonl"
+
+# AgentX-shaped sessions scaled down so a replay takes milliseconds.
+SMALL_AGENTX = dict(
+    shared_prefix_tokens=512, initial_context_median=600, initial_context_max=4000,
+    output_median=40, output_max=400, tool_result_median=120, tool_result_max=3000,
+    file_read_median=1500, main_calls_median=10, subagent_task_median=100,
+    subagent_calls_median=3, summary_median=200, restored_context_median=800,
+    compact_threshold_tokens=20_000, context_window_tokens=40_000,
+)
+
+
+def small_agentx(sessions: int = 6, seed: int = 0, block_size: int = 16):
+    from labkit import generate_agentx_trace
+
+    return generate_agentx_trace(sessions, seed=seed, block_size=block_size, **SMALL_AGENTX)

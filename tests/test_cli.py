@@ -1,0 +1,141 @@
+"""The command line: the documented interface, and errors before anything runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from labkit.cli import main
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("traces") / "agentx.jsonl"
+    assert main(["trace", "gen", "--kind", "agentx", "--sessions", "3", "--seed", "1",
+                 "--out", str(path)]) == 0
+    return path
+
+
+def test_trace_stats_json_has_the_documented_keys(capsys, trace_file):
+    code, out, _ = run(capsys, "trace", "stats", trace_file, "--json")
+    assert code == 0
+    stats = json.loads(out)
+    for key in ["sessions", "requests", "calls_per_session_median", "input_tokens_median",
+                "output_tokens_median", "prefix_reuse", "subagent_session_share",
+                "subagents_per_spawning_session_mean"]:
+        assert key in stats
+    assert stats["sessions"] == 3
+
+
+def test_replay_json_and_out_dir(capsys, trace_file, tmp_path):
+    out_dir = tmp_path / "run"
+    code, out, err = run(capsys, "replay", "--trace", trace_file, "--model", "deepseek-v3",
+                         "--layout", "dep8", "--hardware", "h200", "--concurrency", "3",
+                         "--duration-s", "120", "--router", "session_sticky",
+                         "--num-speculative-tokens", "3", "--acceptance-length", "2.99",
+                         "--max-model-len", "1048576", "--seed", "3", "--out", out_dir,
+                         "--json", "--no-progress")
+    assert code == 0, err
+    summary = json.loads(out)
+    for key in ["gpus", "requests_completed", "sim_duration_s", "wall_s", "ttft_p50_s",
+                "ttft_p90_s", "tpot_p50_s", "itl_p50_s", "e2el_p50_s",
+                "interactivity_p90_tok_s", "throughput_tok_s_per_gpu", "output_tok_s_per_gpu",
+                "tpgs", "prefix_cache_hit_rate", "kv_cache_usage_peak", "preemptions"]:
+        assert key in summary, key
+    assert summary["gpus"] == 8 and summary["sim_duration_s"] == 120
+    assert sorted(p.name for p in out_dir.iterdir()) == \
+        ["requests.parquet", "steps.parquet", "summary.json"]
+    assert json.loads((out_dir / "summary.json").read_text())["gpus"] == 8
+
+
+def test_every_engine_knob_is_a_replay_flag(capsys):
+    from labkit.specs import knob_names
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    help_text = capsys.readouterr().out
+    for name in knob_names():
+        assert "--" + name.replace("_", "-") in help_text
+    assert "--num-gpu-blocks " in help_text
+
+
+BAD_LINES = {
+    "bad json": ('{"session_id": "s", oops', "JSON"),
+    "missing field": ('{"session_id": "s", "request_id": "r", "parent_id": null, '
+                      '"kind": "main", "delay_s": 0, "input_length": 10, '
+                      '"hash_ids": [1], "block_size": 16}', "output_length"),
+    "negative length": ('{"session_id": "s", "request_id": "r", "parent_id": null, '
+                        '"kind": "main", "delay_s": 0, "input_length": -5, '
+                        '"output_length": 3, "hash_ids": [1], "block_size": 16}',
+                        "input_length"),
+    "hash ids vs length": ('{"session_id": "s", "request_id": "r", "parent_id": null, '
+                           '"kind": "main", "delay_s": 0, "input_length": 40, '
+                           '"output_length": 3, "hash_ids": [1], "block_size": 16}',
+                           "hash_ids"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINES))
+def test_malformed_trace_exits_2_with_file_and_line(capsys, tmp_path, case):
+    good = ('{"session_id": "s", "request_id": "ok", "parent_id": null, "kind": "main", '
+            '"delay_s": 0, "input_length": 20, "output_length": 3, "hash_ids": [1, 2], '
+            '"block_size": 16}')
+    line, word = BAD_LINES[case]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    out_dir = tmp_path / "never"
+    code, out, err = run(capsys, "replay", "--trace", path, "--model", "tiny-llama",
+                         "--concurrency", "1", "--duration-s", "10", "--out", out_dir)
+    assert code == 2
+    assert f"{path}:2:" in err and word in err
+    assert not out_dir.exists() and out == ""
+    code, _, err = run(capsys, "trace", "stats", path)
+    assert code == 2 and f"{path}:2:" in err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--model", "llama-9000"], ["unknown model preset", "llama-3.1-8b", "kimi-k2"]),
+    (["--model", "tiny-llama", "--layout", "tq8"], ["unknown layout dimension", "dcp"]),
+    (["--model", "tiny-llama", "--layout", "tp3"], ["tp3", "attention heads"]),
+    (["--model", "tiny-llama", "--gpu-memory-utilization", "1.5"], ["gpu_memory_utilization"]),
+    (["--model", "tiny-llama", "--acceptance-length", "5"], ["acceptance_length"]),
+])
+def test_bad_presets_and_knobs_name_the_problem(capsys, trace_file, tmp_path, flags, words):
+    out_dir = tmp_path / "never"
+    code, _, err = run(capsys, "replay", "--trace", trace_file, "--concurrency", "1",
+                       "--duration-s", "10", "--out", out_dir, *flags)
+    assert code == 2
+    for word in words:
+        assert word in err
+    assert not out_dir.exists()
+
+
+def test_unknown_choice_knob_lists_allowed_values(capsys, trace_file):
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--trace", str(trace_file), "--model", "tiny-llama",
+              "--concurrency", "1", "--duration-s", "5", "--router", "random"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "session_sticky" in err and "prefix_aware" in err
+
+
+def test_a_request_that_can_never_fit_is_refused_before_the_run(capsys, trace_file, tmp_path):
+    out_dir = tmp_path / "never"
+    code, out, err = run(capsys, "replay", "--trace", trace_file, "--model", "llama-3.1-8b",
+                         "--concurrency", "1", "--duration-s", "10", "--max-model-len",
+                         "2000000", "--num-gpu-blocks", "100", "--out", out_dir)
+    assert code == 2 and "KV blocks" in err and "100 blocks" in err
+    assert not out_dir.exists()
+
+
+def test_console_script_is_installed(trace_file):
+    proc = subprocess.run([sys.executable, "-m", "labkit.cli", "trace", "stats",
+                           str(trace_file), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["sessions"] == 3
