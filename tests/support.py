@@ -3,7 +3,8 @@
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data"))
+                    if p.is_dir()), REPO.parent / "shared" / "data")
 MOONCAKE = SHARED_DATA / "traces" / "mooncake_synthetic_trace.jsonl"
 
 # AgentX-shaped sessions scaled down so a replay takes milliseconds.

@@ -3,21 +3,24 @@
 Most steps of an agentic replay are alike: every running request decodes, nobody
 waits, nothing is admitted. Until a request finishes or a new one arrives, each such
 step has the same shape; only the contexts grow by the tokens accepted. Simulating
-them one by one costs Python work per request per step; a `DecodeRun` computes k of
-them at once with numpy:
+them one by one costs Python work per request per step; a `DecodeRun` plans k of them
+at once with numpy:
 
 - accepted tokens per step follow the instance's deterministic acceptance counter,
   the same for every request in a step, so after j steps each request has gained
   ``cum[j]`` tokens;
 - the steps' costs are one vectorised call of the cost model on (k, ranks) arrays;
 - the block allocations the steps need are found arithmetically (where each
-  request's slot count crosses a block boundary) and applied in exactly the order a
-  step-by-step simulation would apply them.
+  request's slot count crosses a block boundary).
 
-The run stops at the first step that finishes a request, before the first step that
-would end at or after the horizon (the next arrival, or the earliest time another
-instance could finish something), and when the pool could not supply the blocks. A
-fast-forwarded replay is therefore identical to a step-by-step one, bit for bit;
+A run is then *played back* lazily, exactly as step-by-step simulation would have
+done it: the allocations of step j happen when step j starts, its tokens are emitted
+(and full blocks cached) when it ends. Whatever looks at the engine in the middle of
+a run — an arrival being routed — first calls `sync(t)`, which plays the run up to t
+and cuts it after the step in progress, so the newcomer is scheduled in the next step
+just as it would have been. The run also stops at the first step that finishes a
+request, before the next known arrival, and where the pool would run out of blocks.
+A fast-forwarded replay is identical to a step-by-step one, bit for bit;
 `tests/engine/test_fast_forward.py` checks exactly that.
 """
 
@@ -30,22 +33,6 @@ import numpy as np
 from labkit.engine.sim.work import StepWork
 
 
-@dataclass(slots=True)
-class DecodeRun:
-    steps: int
-    start: np.ndarray  # (k,) step start times
-    timing: object  # StepTiming over (k, R)
-    work: StepWork
-    cum: np.ndarray  # (k+1,) tokens accepted before step j, per request
-    requests: list  # per rank, the running requests
-    kv_used: np.ndarray  # (k, R) blocks in use during each step
-    finishes: bool
-
-    @property
-    def end(self) -> float:
-        return float(self.start[-1] + self.timing.duration[-1])
-
-
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
     """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
     p, q = acceptance.numerator, acceptance.denominator
@@ -54,62 +41,151 @@ def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
     return total - total[0]
 
 
+@dataclass(slots=True)
+class DecodeRun:
+    start: np.ndarray  # (k,) step start times
+    timing: object  # StepTiming over (k, R)
+    work: StepWork
+    cum: np.ndarray  # (k+1,) tokens each request accepts before step j
+    pairs: list  # (scheduler, request) in step order: by rank, then running order
+    new_blocks: np.ndarray  # (n, k) blocks request i allocates when step j starts
+    kv_used: np.ndarray  # (k, R) blocks in use during each step
+    finishes: bool  # the last step finishes a request
+    width: int  # tokens per decode step (1 + drafts)
+    allocated: int = 0  # steps whose allocations are done
+    committed: int = 0  # steps whose outputs are applied
+
+    @property
+    def steps(self) -> int:
+        return len(self.start)
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self.start + self.timing.duration
+
+    @property
+    def end(self) -> float:
+        return float(self.start[-1] + self.timing.duration[-1])
+
+    # ------------------------------------------------------------- playback
+    def play(self, alloc_stop: int, commit_stop: int) -> list:
+        """Play the run forward: allocations of steps before `alloc_stop` (done when a
+        step starts), cache registrations and tokens of steps before `commit_stop`
+        (when it ends), in the order step-by-step simulation does them: at each step
+        boundary first the ending step's registrations, then the next one's
+        allocations. Returns the (scheduler, request) pairs that finished."""
+        first = self.committed
+        commit_stop = max(commit_stop, first)
+        alloc_stop = max(alloc_stop, commit_stop, self.allocated)
+        ends = self.ends
+        before = np.array([r.num_computed_tokens for _, r in self.pairs], dtype=np.int64)
+        gained = np.minimum(self.cum[commit_stop] - self.cum[first],
+                            [r.remaining_output_tokens for _, r in self.pairs])
+        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
+        req_idx, step_idx = np.nonzero(self.new_blocks[:, self.allocated : alloc_stop])
+        events += [(j + self.allocated, 1, i, j + self.allocated)
+                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+        after = before[:, None] + np.minimum(
+            self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
+        full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
+        req_idx, step_idx = np.nonzero(np.diff(full, axis=1))
+        events += [(first + j + 1, 0, i, first + j)
+                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+        for _, kind, i, j in sorted(events):
+            scheduler, req = self.pairs[i]
+            if kind == 1:
+                req.num_computed_tokens = int(before[i] + self.cum[j] - self.cum[first])
+                scheduler.kv.set_time(float(self.start[j]))
+                if not scheduler.kv.allocate(req, self.width):
+                    raise RuntimeError("fast-forward planned an allocation the pool "
+                                       "cannot serve")
+            else:
+                req.num_computed_tokens = int(after[i, j - first])
+                scheduler.kv.set_time(float(ends[j]))
+                scheduler.kv.cache_full_blocks(req)
+            req.num_computed_tokens = int(before[i])
+        self.allocated = alloc_stop
+        return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def _emit_tokens(self, first: int, stop: int, gained: np.ndarray, ends) -> list:
+        if stop <= first:
+            return []
+        gaps = np.diff(ends[first:stop]).tolist()
+        finished = []
+        for (scheduler, req), n in zip(self.pairs, gained.tolist()):
+            req.itl.append(float(ends[first]) - req.last_token_s)
+            req.itl.extend(gaps)
+            req.num_output_tokens += n
+            req.num_computed_tokens += n
+            req.last_token_s = float(ends[stop - 1])
+            if req.remaining_output_tokens <= 0:
+                finished.append((scheduler, req))
+        self.committed = stop
+        return finished
+
+    def truncate(self, steps: int) -> None:
+        """Keep only the first `steps` steps (the rest will be planned again)."""
+        if steps >= self.steps:
+            return
+        self.start = self.start[:steps]
+        self.timing = _head(self.timing, steps)
+        self.work = _head(self.work, steps)
+        self.kv_used = self.kv_used[:steps]
+        self.new_blocks = self.new_blocks[:, :steps]
+        self.cum = self.cum[: steps + 1]
+        self.finishes = False
+
+
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int) -> DecodeRun | None:
-    """Plan (and allocate for) up to max_steps steady decode steps, or None."""
-    requests = [list(s.running) for s in schedulers]
-    flat = [r for reqs in requests for r in reqs]
-    if not flat:
+    """Plan up to max_steps steady decode steps starting at `now`, or None."""
+    pairs = [(s, r) for s in schedulers for r in s.running]
+    if not pairs:
         return None
-    kvs = [s.kv for s in schedulers]
-    rank_of = np.repeat(np.arange(len(requests)), [len(reqs) for reqs in requests])
-    if any(kvs[r].tail_is_shared(req) for r, req in zip(rank_of.tolist(), flat)):
+    if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
     cum = accepted_before(step_index, max_steps, acceptance)
 
     # The first request to finish ends in the step after which cum reaches its remainder.
-    remaining = min(r.remaining_output_tokens for r in flat)
+    remaining = min(r.remaining_output_tokens for _, r in pairs)
     first_done = int(np.searchsorted(cum, remaining, side="left"))
     k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
 
     # Blocks each request must hold during step j: its slots are computed + width.
-    block_size = kvs[0].block_size
-    computed = np.array([r.num_computed_tokens for r in flat], dtype=np.int64)
-    have = np.array([kvs[r].tables[req.request_id].n for r, req in zip(rank_of.tolist(), flat)],
-                    dtype=np.int64)
+    rank_of = np.array([schedulers.index(s) for s, _ in pairs])
+    computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
+    have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
+    block_size = schedulers[0].kv.block_size
     need = -(-(computed[:, None] + cum[None, :k] + width) // block_size)  # (n, k)
     held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
     new = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)  # (n, k)
-    per_rank_new = np.zeros((k, len(requests)), dtype=np.int64)
-    np.add.at(per_rank_new, (slice(None), rank_of), new.T)
-    free = np.array([kv.pool.num_free for kv in kvs], dtype=np.int64)
-    fits = (np.cumsum(per_rank_new, axis=0) <= free[None, :]).all(axis=1)
+    per_rank = np.zeros((k, len(schedulers)), dtype=np.int64)
+    np.add.at(per_rank, (slice(None), rank_of), new.T)
+    free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
+    fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
         k, finishes = int(np.argmin(fits)), False
         if k < 1:
             return None
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
-    counts = np.array([len(reqs) for reqs in requests], dtype=np.int64)
-    base = np.array([sum(r.num_computed_tokens for r in reqs) for reqs in requests],
+    counts = np.array([len(s.running) for s in schedulers], dtype=np.int64)
+    base = np.array([sum(r.num_computed_tokens for r in s.running) for s in schedulers],
                     dtype=np.int64)
     work = decode_work(counts, base, cum[:k], width)
     timing = cost_model.step_timing(work, lockstep)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
-    if within < k:
-        k, finishes = within, False
-        if k < 1:
-            return None
-        work, timing = _head(work, k), _head(timing, k)
-    start = np.concatenate([[now], ends[: k - 1]])
-
-    used0 = np.array([kv.pool.num_used for kv in kvs], dtype=np.int64)
-    kv_used = used0[None, :] + np.cumsum(per_rank_new[:k], axis=0)
-    run = DecodeRun(k, start, timing, work, cum[: k + 1], requests, kv_used, finishes)
-    _allocate(run, flat, new[:, :k], rank_of, kvs, width)
+    if within < 1:
+        return None
+    start = np.concatenate([[now], ends[:-1]])
+    used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
+    kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
+    run = DecodeRun(start, timing, work, cum[: k + 1], pairs, new[:, :k], kv_used,
+                    finishes, width)
+    run.truncate(within)
     return run
 
 
@@ -132,19 +208,3 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
 def _head(obj, k: int):
     """The first k steps of a StepWork or StepTiming."""
     return type(obj)(*(getattr(obj, f)[:k] for f in type(obj).__slots__))
-
-
-def _allocate(run: DecodeRun, flat: list, new: np.ndarray, rank_of: np.ndarray,
-              kvs, width: int) -> None:
-    """Apply the run's block allocations in step-by-step order (step, rank, request)."""
-    req_idx, step_idx = np.nonzero(new)
-    order = np.lexsort((req_idx, step_idx))  # flat order is (rank, running order)
-    for i, j in zip(req_idx[order].tolist(), step_idx[order].tolist()):
-        req, kv = flat[i], kvs[rank_of[i]]
-        saved = req.num_computed_tokens
-        req.num_computed_tokens = saved + int(run.cum[j])
-        kv.set_time(float(run.start[j]))
-        ok = kv.allocate(req, width)
-        req.num_computed_tokens = saved
-        if not ok:
-            raise RuntimeError("fast-forward planned an allocation the pool could not serve")

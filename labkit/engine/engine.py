@@ -155,6 +155,9 @@ class Engine:
         return min(a, b)
 
     def _process_next(self):
+        while self._timers and self._timers[0][1] == _COMMIT and \
+                self._timers[0][4] != self._timers[0][3].plan_version:
+            heapq.heappop(self._timers)  # that plan was cut short and rescheduled
         arrival = self._arrivals[0] if self._arrivals else None
         timer = self._timers[0] if self._timers else None
         if arrival is None and timer is None:
@@ -167,7 +170,7 @@ class Engine:
             self.now = t
             self._arrive(arrival[2])
             return _ARRIVAL
-        t, kind, _, instance = timer
+        t, kind, _, instance, _ = timer
         if t >= self.stop_s:
             return None
         heapq.heappop(self._timers)
@@ -180,11 +183,15 @@ class Engine:
 
     def _push_timer(self, t: float, kind: int, instance: Instance) -> None:
         self._seq += 1
-        heapq.heappush(self._timers, (t, kind, self._seq, instance))
+        heapq.heappush(self._timers, (t, kind, self._seq, instance, instance.plan_version))
 
     def _arrive(self, req: Request) -> None:
         if self.events.wants(RequestArrived):
             self.events.emit(RequestArrived(self.now, req.request_id, req.session_id))
+        for instance in self.instances:  # let fast-forwarded runs catch up to now
+            if instance.sync(self.now):
+                instance.plan_version += 1
+                self._push_timer(instance.plan.end, _COMMIT, instance)
         rank = self.router.route(req, self.now)
         self.schedulers[rank].add_request(req)
         self._wake(self._instance_of[rank])
@@ -198,25 +205,12 @@ class Engine:
         self._waking.pop(instance.index, None)
         if instance.plan is not None:
             return
-        plan = instance.plan_next(self.now, self._horizon(instance))
+        horizon = min(self._arrivals[0][0] if self._arrivals else math.inf, self.stop_s)
+        plan = instance.plan_next(self.now, horizon)
         if plan is not None:
             instance.plan = plan
+            instance.plan_version += 1
             self._push_timer(plan.end, _COMMIT, instance)
-
-    def _horizon(self, instance: Instance) -> float:
-        """Latest time before which nothing from outside can affect this instance:
-        the next arrival, the stop time, and the earliest moment another instance
-        could finish a request (a finish can release an arrival with zero delay)."""
-        horizon = min(self._arrivals[0][0] if self._arrivals else math.inf, self.stop_s)
-        for other in self.instances:
-            if other is instance:
-                continue
-            if other.plan is not None:
-                end = other.plan.end
-                horizon = min(horizon, end if other.plan.finishes else end + other.min_step_s)
-            elif other.index in self._waking:
-                horizon = min(horizon, self._waking[other.index] + other.min_step_s)
-        return horizon
 
     def _commit(self, instance: Instance) -> None:
         plan = instance.plan

@@ -36,7 +36,6 @@ MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
 class Plan:
     start: float
     end: float
-    steps: int
     finishes: bool  # some request ends when the plan is committed
     timing: StepTiming
     work: StepWork
@@ -44,6 +43,10 @@ class Plan:
     batches: list | None = None  # a single step
     accepted: int = 0
     run: DecodeRun | None = None  # a fast-forwarded run
+
+    @property
+    def steps(self) -> int:
+        return self.run.steps if self.run is not None else 1
 
 
 class Instance:
@@ -60,6 +63,7 @@ class Instance:
         self.step_index = 0
         self.last_step_s = 0.0  # duration of the latest step, to size runs
         self.plan: Plan | None = None
+        self.plan_version = 0  # bumped when a plan is made or cut short
         self.kv_total = np.array([s.kv.num_blocks for s in schedulers], dtype=np.int64)
 
     def has_work(self) -> bool:
@@ -97,8 +101,7 @@ class Instance:
                               MAX_RUN_STEPS)
         if run is None:
             return None
-        return Plan(now, run.end, run.steps, run.finishes, run.timing, run.work,
-                    run.kv_used, run=run)
+        return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
     def _plan_step(self, now: float) -> Plan:
         batches = [s.schedule(self.step_index) for s in self.schedulers]
@@ -114,73 +117,71 @@ class Instance:
         kv_used = np.array([[s.kv.pool.num_used for s in self.schedulers]], dtype=np.int64)
         end = now + float(timing.duration[0])
         finishes = any(_finishes(b, accepted) for b in batches)
-        return Plan(now, end, 1, finishes, timing, work, kv_used, batches, accepted)
+        return Plan(now, end, finishes, timing, work, kv_used, batches, accepted)
 
     # ---------------------------------------------------------------- commit
     def commit(self, plan: Plan) -> list:
         """Apply a plan at its end time; returns the requests it finished."""
-        finished = []
         if plan.run is not None:
-            finished = self._commit_run(plan.run)
+            first = plan.run.committed
+            pairs = plan.run.play(plan.run.steps, plan.run.steps)
+            finished = []
+            for s, req in pairs:
+                s.kv.set_time(plan.end)
+                s.finish(req, plan.end)
+                finished.append(req)
+            self._emit_steps(plan, first, plan.run.steps)
         else:
+            finished = []
             for s, batch in zip(self.schedulers, plan.batches):
                 s.now = plan.end
                 s.kv.set_time(plan.end)
                 finished += s.update(batch, plan.accepted, plan.end)
-        self._emit_steps(plan)
-        self.step_index += plan.steps
+            self._emit_steps(plan, 0, 1)
         self.plan = None
         return finished
 
-    def _commit_run(self, run: DecodeRun) -> list:
-        ends = run.start + run.timing.duration
-        gaps = np.diff(ends).tolist()
-        total = int(run.cum[-1])
-        pairs = [(s, req) for s, reqs in zip(self.schedulers, run.requests) for req in reqs]
-        gained = [min(total, req.remaining_output_tokens) for _, req in pairs]
-        self._cache_in_step_order(pairs, gained, run, ends)
-        finished = []
-        for (s, req), n in zip(pairs, gained):
-            req.itl.append(float(ends[0]) - req.last_token_s)
-            req.itl.extend(gaps)
-            req.num_output_tokens += n
-            req.num_computed_tokens += n
-            req.last_token_s = float(ends[-1])
-            if req.remaining_output_tokens <= 0:
-                finished.append((s, req))
-        end = float(ends[-1])
-        for s, req in finished:
-            s.kv.set_time(end)
-            s.finish(req, end)
-        return [req for _, req in finished]
+    def sync(self, t: float) -> bool:
+        """Someone looks at this instance at time t (an arrival is being routed). If
+        a fast-forwarded run is under way, play it up to t — the steps begun before t
+        have allocated, those ended before t have emitted — and cut it after the step
+        in progress. Returns True if the plan's end moved."""
+        plan = self.plan
+        if plan is None or plan.run is None or t >= plan.end:
+            return False
+        run = plan.run
+        started = max(1, int(np.searchsorted(run.start, t, side="left")))
+        ended = int(np.searchsorted(run.ends, t, side="left"))
+        first = run.committed
+        if run.play(started, ended):
+            raise RuntimeError("a request finished inside a fast-forwarded run")
+        self._emit_steps(plan, first, ended)
+        if started < run.steps:
+            run.truncate(started)
+            plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
+            plan.end, plan.finishes = run.end, run.finishes
+            return True
+        return False
 
-    def _cache_in_step_order(self, pairs, gained, run: DecodeRun, ends: np.ndarray) -> None:
-        """Register the blocks the run fills, in step order, stamped with their steps."""
-        block_size = self.schedulers[0].kv.block_size
-        before = np.array([req.num_computed_tokens for _, req in pairs], dtype=np.int64)
-        after = before[:, None] + np.minimum(run.cum[None, 1:], np.array(gained)[:, None])
-        blocks = np.concatenate([before[:, None], after], axis=1) // block_size
-        req_idx, step_idx = np.nonzero(np.diff(blocks, axis=1))
-        for j, i in sorted(zip(step_idx.tolist(), req_idx.tolist())):
-            s, req = pairs[i]
-            s.kv.set_time(float(ends[j]))
-            req.num_computed_tokens = int(after[i, j])
-            s.kv.cache_full_blocks(req)
-            req.num_computed_tokens = int(before[i])
-
-    def _emit_steps(self, plan: Plan) -> None:
-        if not self.events.wants(StepsCompleted):
+    def _emit_steps(self, plan: Plan, first: int, stop: int) -> None:
+        """StepsCompleted for steps [first, stop) of the plan; advances the counter."""
+        if stop <= first:
             return
-        w, t = plan.work, plan.timing
-        steps = np.arange(self.step_index, self.step_index + plan.steps)
-        start = plan.run.start if plan.run is not None else np.array([plan.start])
-        self.events.emit(StepsCompleted(
-            t=plan.end, instance=self.index, ranks=self.ranks, step_index=steps, start=start,
-            duration=t.duration, busy=t.busy, stall=t.stall,
-            num_prefill_reqs=w.num_prefill_reqs, num_decode_reqs=w.num_decode_reqs,
-            prefill_tokens=w.prefill_tokens, decode_tokens=w.decode_tokens,
-            kv_used_blocks=plan.kv_used, kv_total_blocks=self.kv_total,
-        ))
+        if self.events.wants(StepsCompleted):
+            w, t = plan.work, plan.timing
+            start = plan.run.start if plan.run is not None else np.array([plan.start])
+            cut = slice(first, stop)
+            self.events.emit(StepsCompleted(
+                t=float(start[stop - 1] + t.duration[stop - 1]), instance=self.index,
+                ranks=self.ranks, step_index=np.arange(self.step_index,
+                                                       self.step_index + stop - first),
+                start=start[cut], duration=t.duration[cut], busy=t.busy[cut],
+                stall=t.stall[cut], num_prefill_reqs=w.num_prefill_reqs[cut],
+                num_decode_reqs=w.num_decode_reqs[cut], prefill_tokens=w.prefill_tokens[cut],
+                decode_tokens=w.decode_tokens[cut], kv_used_blocks=plan.kv_used[cut],
+                kv_total_blocks=self.kv_total,
+            ))
+        self.step_index += stop - first
 
 
 def _finishes(batch, accepted: int) -> bool:
