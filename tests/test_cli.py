@@ -139,3 +139,10 @@ def test_console_script_is_installed(trace_file):
     proc = subprocess.run([sys.executable, "-m", "labkit.cli", "trace", "stats",
                            str(trace_file), "--json"], capture_output=True, text=True)
     assert proc.returncode == 0 and json.loads(proc.stdout)["sessions"] == 3
+
+
+def test_unchunkable_prompt_is_refused_before_the_run(capsys, trace_file):
+    code, _, err = run(capsys, "replay", "--trace", trace_file, "--model", "deepseek-v3",
+                       "--layout", "dep16", "--concurrency", "1", "--duration-s", "10",
+                       "--max-model-len", "2000000", "--no-enable-chunked-prefill")
+    assert code == 2 and "enable_chunked_prefill" in err

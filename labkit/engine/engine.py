@@ -107,6 +107,13 @@ class Engine:
                 f"request {request_id}: {input_tokens} + {output_tokens} tokens exceed "
                 f"max_model_len={self.max_model_len} of {self.model.name}"
             )
+        if not self.config.enable_chunked_prefill and \
+                input_tokens > self.config.max_num_batched_tokens:
+            raise ConfigError(
+                f"request {request_id}: a {input_tokens}-token prompt cannot be prefilled "
+                f"in one step of max_num_batched_tokens={self.config.max_num_batched_tokens} "
+                f"with enable_chunked_prefill off"
+            )
         blocks = -(-(total + self.config.num_speculative_tokens) // self.block_size)
         if blocks > self.num_blocks_per_rank:
             raise ConfigError(

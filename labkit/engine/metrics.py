@@ -10,8 +10,10 @@ A replay yields two tables and a summary:
   ``[warmup_s, end]``: latency percentiles, *throughput per GPU* (logical tokens —
   input including cached, plus output — of the calls completed in the window, divided
   by the window and by every GPU of the deployment), *interactivity*
-  ``1 / P90(E2EL / OSL)`` in tokens/s/user, the token-weighted prefix-cache hit rate,
-  peak KV usage, preemptions.
+  ``1 / P90(E2EL / OSL)`` in tokens/s/user, *TPGS* (tokens the GPUs actually
+  processed — prompt tokens computed, recomputation included, plus output tokens — per
+  GPU-second: throughput without the cached tokens), the token-weighted prefix-cache
+  hit rate, peak KV usage, preemptions.
 
 The steps table is filled by subscribing to `StepsCompleted` events; request rows are
 read off the engine's requests when the result is collected.

@@ -6,6 +6,8 @@ decides both its queueing delay and whether its prefix is already cached there.
 - ``round_robin``: ranks in turn.
 - ``least_loaded``: fewest ``waiting * 4 + running`` (vLLM's DP load balancer).
 - ``least_kv``: lowest KV-cache usage.
+- ``least_running_tokens``: fewest tokens in flight (contexts of running requests
+  plus prompts waiting), a proxy for the attention work a rank has queued.
 - ``session_sticky``: every call of a session goes where its first call went (chosen
   least-loaded), so the session's KV is always reused — at the price of imbalance.
 - ``prefix_aware``: the rank holding the longest cached prefix of the prompt, unless
@@ -38,6 +40,11 @@ class Router:
         s = self.schedulers[rank]
         return 4 * s.num_waiting + s.num_running
 
+    def tokens_in_flight(self, rank: int) -> int:
+        s = self.schedulers[rank]
+        return (sum(r.num_tokens for r in s.running)
+                + sum(r.num_tokens for r in s.waiting))
+
     def route(self, req, now: float) -> int:
         n = len(self.schedulers)
         scores = None
@@ -51,6 +58,9 @@ class Router:
             rank = _argmin(scores)
         elif self.policy == "least_kv":
             scores = [self.schedulers[r].kv.pool.num_used for r in range(n)]
+            rank = _argmin(scores)
+        elif self.policy == "least_running_tokens":
+            scores = [self.tokens_in_flight(r) for r in range(n)]
             rank = _argmin(scores)
         elif self.policy == "session_sticky":
             rank = self._home.get(req.session_id, -1)

@@ -14,7 +14,8 @@ from fractions import Fraction
 
 from labkit.errors import ConfigError
 
-ROUTER_POLICIES = ("round_robin", "least_loaded", "least_kv", "session_sticky", "prefix_aware")
+ROUTER_POLICIES = ("round_robin", "least_loaded", "least_kv", "least_running_tokens",
+                   "session_sticky", "prefix_aware")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
 

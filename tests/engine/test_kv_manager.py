@@ -266,3 +266,34 @@ def test_block_keys_name_prefixes_across_block_sizes(engine_bs, trace_bs):
     assert same.tolist() == [(j + 1) * engine_bs <= shared_tokens for j in range(n)]
     assert len(set(ka.keys(0, ka.num_blocks).tolist())) == ka.num_blocks
     assert [ka.key(j) for j in range(n)] == ka.keys(0, n).tolist()
+
+
+def test_token_keys_chain_over_whole_prefixes():
+    from labkit.engine.kv import TokenBlockKeys
+
+    base = list(range(100, 140))  # 10 blocks of 4
+    a = TokenBlockKeys(base, BS)
+    b = TokenBlockKeys(base[:20] + [7] + base[21:], BS)  # differs in block 5
+    assert a.num_blocks == b.num_blocks == 10
+    same = a.keys(0, 10) == b.keys(0, 10)
+    assert same.tolist() == [True] * 5 + [False] * 5  # all later blocks differ too
+    lora = TokenBlockKeys(base, BS, extra="adapter-1")
+    assert not (lora.keys(0, 10) == a.keys(0, 10)).any()
+    grown = TokenBlockKeys(base[:18], BS)
+    assert grown.num_blocks == 4
+    grown.extend(base[18:])
+    assert grown.keys(0, 10).tolist() == a.keys(0, 10).tolist()
+    assert [a.key(j) for j in range(10)] == a.keys(0, 10).tolist()
+
+
+def test_token_keyed_requests_share_cached_prefixes():
+    from labkit.engine.kv import TokenBlockKeys
+
+    kv = KVManager(32, BS)
+    prompt = list(range(1, 31))
+    first = Request("a", "s", len(prompt), 4, 0.0, keys=TokenBlockKeys(prompt, BS))
+    _run(kv, first, len(prompt))
+    kv.free(first)
+    follow = prompt + [99, 98, 97, 96, 95]
+    second = Request("b", "s", len(follow), 4, 0.0, keys=TokenBlockKeys(follow, BS))
+    assert kv.lookup(second).num_tokens == (len(prompt) // BS) * BS

@@ -54,3 +54,20 @@ def test_prefix_aware_prefers_the_rank_holding_the_prefix():
 def test_least_kv_picks_the_emptiest_cache():
     _, decisions, _ = routed("least_kv")
     assert all(d.scores[d.rank] == min(d.scores) for d in decisions)
+
+
+def test_least_running_tokens_counts_contexts_in_flight():
+    engine = Engine("llama-3.1-8b", "dp3", "h200", router="least_running_tokens")
+    checked = []
+
+    def check(event):  # runs while routing: the ranks are as the router saw them
+        expected = [sum(r.num_prompt_tokens + r.num_output_tokens
+                        for r in list(s.running) + list(s.waiting))
+                    for s in engine.schedulers]
+        assert event.scores == expected
+        assert event.rank == expected.index(min(expected))
+        checked.append(max(expected))
+
+    engine.events.subscribe(check, RequestRouted)
+    engine.replay(small_agentx(6, seed=9), concurrency=6, duration_s=40, start_part_way=False)
+    assert len(checked) > 10 and max(checked) > 0

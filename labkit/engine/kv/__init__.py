@@ -1,9 +1,9 @@
 """Paged KV: the block pool, block keys and the per-rank KV manager."""
 
-from labkit.engine.kv.block_keys import TraceBlockKeys, check_block_sizes
+from labkit.engine.kv.block_keys import TokenBlockKeys, TraceBlockKeys, check_block_sizes
 from labkit.engine.kv.block_pool import BlockPool
 from labkit.engine.kv.free_queue import FreeBlockQueue
 from labkit.engine.kv.kv_manager import KVManager, PrefixHint, PrefixMatch
 
 __all__ = ["BlockPool", "FreeBlockQueue", "KVManager", "PrefixHint", "PrefixMatch",
-           "TraceBlockKeys", "check_block_sizes"]
+           "TokenBlockKeys", "TraceBlockKeys", "check_block_sizes"]

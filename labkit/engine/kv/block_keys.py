@@ -16,9 +16,14 @@ The engine's block size B and the trace's block size T need not match:
 
 A `salt` (a multiple of 2**42) separates otherwise identical content that must not
 share KV, e.g. a session replayed a second time as a new user.
+
+Requests that carry real token ids (the compute plane, or a user's own prompts) use
+`TokenBlockKeys` instead: vLLM-style chained hashes over the tokens of each block.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -66,3 +71,51 @@ class TraceBlockKeys:
         if self._split:
             return self.ids[j // r] * r + j % r
         return self.ids[(j + 1) * r - 1]
+
+
+class TokenBlockKeys:
+    """Keys of a request's blocks from its token ids, chained as vLLM chains them.
+
+    Key j hashes (key j-1, the block's tokens, extra keys such as a LoRA adapter), so
+    it names the whole prefix. Keys are computed lazily and remembered; the stream
+    may grow (`extend`, as tokens are generated) and only new blocks get hashed.
+    """
+
+    __slots__ = ("tokens", "block_size", "extra", "_keys")
+
+    def __init__(self, token_ids, block_size: int, extra=None) -> None:
+        self.tokens = [int(t) for t in token_ids]
+        self.block_size = block_size
+        self.extra = extra
+        self._keys: list[int] = []
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.tokens) // self.block_size
+
+    def extend(self, token_ids) -> None:
+        self.tokens.extend(int(t) for t in token_ids)
+
+    def _fill(self, stop: int) -> None:
+        bs, keys = self.block_size, self._keys
+        parent = keys[-1] if keys else _stable_seed(self.extra)
+        for j in range(len(keys), stop):
+            parent = hash((parent, tuple(self.tokens[j * bs : (j + 1) * bs])))
+            keys.append(parent)
+
+    def key(self, j: int) -> int:
+        if j >= len(self._keys):
+            self._fill(j + 1)
+        return self._keys[j]
+
+    def keys(self, start: int, stop: int) -> np.ndarray:
+        if stop > len(self._keys):
+            self._fill(stop)
+        return np.array(self._keys[start:stop], dtype=np.int64)
+
+
+def _stable_seed(extra) -> int:
+    """The chain's root from its extra keys, the same in every process (Python's own
+    str hash is salted per process; int tuples hash deterministically)."""
+    digest = hashlib.blake2b(repr(extra).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
