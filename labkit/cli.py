@@ -105,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="progress bar (default: on for a terminal)")
     add_knob_flags(replay)
 
+    cap = sub.add_parser("capacity", help="what a request costs under a layout, how many fit")
+    cap.add_argument("--model", required=True)
+    cap.add_argument("--layout", required=True, help="a layout, or several separated by commas")
+    cap.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
+    cap.add_argument("--context", type=int, required=True, help="tokens of one request")
+    cap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    cap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    cap.add_argument("--num-speculative-tokens", type=int, default=0,
+                     help="MTP drafts (their layers' weights and KV count too)")
+    cap.add_argument("--json", action="store_true")
+
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target", choices=["sim"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
@@ -118,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             return _trace(args)
         if args.command == "replay":
             return _replay(args)
+        if args.command == "capacity":
+            return _capacity(args)
         if args.command == "bench":
             from labkit.bench import run_bench
 
@@ -168,6 +181,32 @@ def _replay(args) -> int:
         print(json.dumps(result.summary, default=_plain))
     else:
         print(format_summary(result.summary))
+    return 0
+
+
+def _capacity(args) -> int:
+    from labkit.engine.capacity import capacity
+
+    layouts = [s for s in args.layout.split(",") if s.strip()]
+    reports = [capacity(args.model, layout, args.hardware, args.context,
+                        kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                        num_speculative_tokens=args.num_speculative_tokens)
+               for layout in layouts]
+    if args.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, default=_plain))
+        return 0
+    gib = 1 << 30
+    print(f"{args.model} on {args.hardware}, one request of {args.context:,} tokens "
+          f"(KV {args.kv_dtype})")
+    header = (f"{'layout':<16}{'gpus':>5}{'weights/GPU':>13}{'KV copies':>10}"
+              f"{'KV/GPU':>10}{'temp/GPU':>10}{'tokens/GPU':>13}{'requests':>10}  fits")
+    print(header)
+    for r in reports:
+        print(f"{r['layout']:<16}{r['gpus']:>5}{r['weights_bytes_per_gpu'] / gib:>10.1f} GiB"
+              f"{r['kv_replication']:>10.2f}{r['persistent_kv_bytes_per_gpu'] / gib:>6.2f} GiB"
+              f"{r['temporary_kv_bytes_per_gpu'] / gib:>6.2f} GiB"
+              f"{r['kv_capacity_tokens_per_gpu']:>13,}{r['max_concurrent_requests']:>10}"
+              f"  {r['fits']}")
     return 0
 
 

@@ -41,6 +41,8 @@ from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 
 BACKENDS = ("sim",)
+KV_FETCH_LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
+KV_FETCH_LINK_EFFICIENCY = 0.8
 _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
 
 
@@ -58,7 +60,8 @@ class Engine:
         self.block_size = self.config.block_size or self.model.block_size
         self.max_model_len = self.config.max_model_len or self.model.max_model_len
         self.capacity = kv_capacity(self.model, self.hardware, self.layout, self.config,
-                                    self.block_size)
+                                    self.block_size, self.max_model_len)
+        self.placement = self.capacity.placement
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
 
@@ -79,6 +82,11 @@ class Engine:
             for i, ranks in enumerate(groups)
         ]
         self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
+        for inst in self.instances:
+            inst.kv_bytes_per_block = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
+        if self.config.session_kv_migration == "fetch":
+            for s in self.schedulers:
+                s.remote_prefix = self._remote_prefix
         self.router = Router(self.config.router, self.schedulers, self.events)
 
         self.now = 0.0
@@ -121,6 +129,22 @@ class Engine:
                 f"rank holds {self.num_blocks_per_rank} blocks of {self.block_size} tokens; "
                 f"raise num_gpu_blocks_override / gpu_memory_utilization or use more GPUs"
             )
+
+    def _remote_prefix(self, req: Request) -> tuple[int, float]:
+        """A session moved to another rank: how much of its prefix its old rank still
+        holds, and the seconds to copy that KV over (each GPU its own shard, in
+        parallel, over NVLink inside a node and the NIC across nodes)."""
+        hint = req.prefix_hint
+        if hint is None or hint.rank == req.rank:
+            return 0, 0.0
+        tokens = self.schedulers[hint.rank].kv.lookup(req).num_tokens
+        if not tokens:
+            return 0, 0.0
+        nbytes = tokens * self.placement.kv_bytes_per_token_per_gpu()
+        per_node = max(1, self.hardware.gpus_per_node // self.layout.gpus_per_replica)
+        same_node = hint.rank // per_node == req.rank // per_node
+        link = self.hardware.nvlink_bandwidth if same_node else self.hardware.internode_bandwidth
+        return tokens, KV_FETCH_LATENCY_S + nbytes / (link * KV_FETCH_LINK_EFFICIENCY)
 
     # -------------------------------------------------------------- feeding
     def submit(self, req: Request, at: float | None = None) -> None:
@@ -218,6 +242,13 @@ class Engine:
             instance.plan = plan
             instance.plan_version += 1
             self._push_timer(plan.end, _COMMIT, instance)
+        elif instance.has_work():
+            ready = instance.next_ready_s()
+            if ready is None:
+                raise RuntimeError(f"instance {instance.index}: requests wait but none can be "
+                                   f"scheduled (KV cache too small for them?)")
+            self._waking[instance.index] = ready
+            self._push_timer(ready, _PLAN, instance)
 
     def _commit(self, instance: Instance) -> None:
         plan = instance.plan

@@ -83,9 +83,10 @@ class RequestFinished(Event):
 class StepsCompleted(Event):
     """One or more consecutive steps of one instance, column by column.
 
-    Arrays have shape (steps, ranks): `t` is the start of each step, `duration` its
+    Arrays have shape (steps, ranks): `start` is the start of each step, `duration` its
     length (the same for all ranks of a lockstep instance), `busy` what each rank's
-    own work took and `stall` how long it waited for the slowest rank.
+    own work took (`compute` + `comm` + overhead) and `stall` how long it waited for
+    the slowest rank.
     """
 
     kind: ClassVar[str] = "steps_completed"
@@ -96,12 +97,16 @@ class StepsCompleted(Event):
     duration: np.ndarray  # (steps,)
     busy: np.ndarray  # (steps, ranks)
     stall: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
     num_prefill_reqs: np.ndarray
     num_decode_reqs: np.ndarray
     prefill_tokens: np.ndarray
     decode_tokens: np.ndarray
     kv_used_blocks: np.ndarray
     kv_total_blocks: np.ndarray  # (ranks,)
+    persistent_kv_bytes: np.ndarray  # per GPU of the rank: KV held in blocks
+    temporary_kv_bytes: np.ndarray  # per GPU of the rank: gathered/broadcast KV in flight
 
 
 # -------------------------------------------------------------------- blocks

@@ -25,8 +25,7 @@ import numpy as np
 
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
 from labkit.engine.events import EventBus, StepsCompleted
-from labkit.engine.sim.roofline import StepTiming
-from labkit.engine.sim.work import StepWork
+from labkit.engine.sim.work import StepTiming, StepWork
 
 MAX_RUN_STEPS = 512
 MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
@@ -65,6 +64,7 @@ class Instance:
         self.plan: Plan | None = None
         self.plan_version = 0  # bumped when a plan is made or cut short
         self.kv_total = np.array([s.kv.num_blocks for s in schedulers], dtype=np.int64)
+        self.kv_bytes_per_block = 0.0  # per GPU; set by the engine from its placement
 
     def has_work(self) -> bool:
         return any(s.has_work() for s in self.schedulers)
@@ -85,7 +85,8 @@ class Instance:
         if self._can_fast_forward() and horizon - now > MIN_RUN_STEPS * self.last_step_s:
             plan = self._plan_run(now, horizon)
         plan = plan or self._plan_step(now)
-        self.last_step_s = float(plan.timing.duration[-1])
+        if plan is not None:
+            self.last_step_s = float(plan.timing.duration[-1])
         return plan
 
     def _can_fast_forward(self) -> bool:
@@ -103,14 +104,20 @@ class Instance:
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
-    def _plan_step(self, now: float) -> Plan:
-        batches = [s.schedule(self.step_index) for s in self.schedulers]
+    def next_ready_s(self) -> float | None:
+        """The earliest time a request now waiting for fetched KV can run."""
+        times = [t for s in self.schedulers if (t := s.next_ready_s()) is not None]
+        return min(times) if times else None
+
+    def _plan_step(self, now: float) -> Plan | None:
+        # prefill_schedule_interval gates admissions to aligned steps, but never keeps
+        # every rank idle: then waiting would stall nobody and only waste time.
+        on_beat = self.step_index % self.config.prefill_schedule_interval == 0
+        admit = on_beat or not any(s.running for s in self.schedulers)
+        batches = [s.schedule(self.step_index, admit) for s in self.schedulers]
         work = StepWork.from_batches(batches)
-        if work.idle.all() and self.step_index % self.config.prefill_schedule_interval == 0:
-            raise RuntimeError(
-                f"instance {self.index}: requests wait but none can be scheduled "
-                f"(KV cache too small for the waiting requests?)"
-            )
+        if work.idle.all():
+            return None  # nothing can run yet (KV still being fetched); see next_ready_s
         timing = self.data_plane.execute(batches, work, self.lockstep)
         cum = accepted_before(self.step_index, 1, self.acceptance)
         accepted = int(cum[1])
@@ -176,10 +183,13 @@ class Instance:
                 ranks=self.ranks, step_index=np.arange(self.step_index,
                                                        self.step_index + stop - first),
                 start=start[cut], duration=t.duration[cut], busy=t.busy[cut],
-                stall=t.stall[cut], num_prefill_reqs=w.num_prefill_reqs[cut],
+                stall=t.stall[cut], compute=t.compute[cut], comm=t.comm[cut],
+                num_prefill_reqs=w.num_prefill_reqs[cut],
                 num_decode_reqs=w.num_decode_reqs[cut], prefill_tokens=w.prefill_tokens[cut],
                 decode_tokens=w.decode_tokens[cut], kv_used_blocks=plan.kv_used[cut],
                 kv_total_blocks=self.kv_total,
+                persistent_kv_bytes=plan.kv_used[cut] * self.kv_bytes_per_block,
+                temporary_kv_bytes=t.temporary_kv_bytes[cut],
             ))
         self.step_index += stop - first
 

@@ -5,7 +5,9 @@ A replay yields two tables and a summary:
 - **requests** — one row per call: arrival, first token, finish, input / cached /
   output tokens, TTFT, TPOT, ITL statistics, E2EL, rank, preemptions;
 - **steps** — one row per step per DP rank: tokens scheduled (prefill / decode),
-  requests, duration, stall (waiting for the slowest rank in lockstep), KV in use;
+  requests, duration, the rank's compute and communication time, its stall (waiting
+  for the slowest rank in lockstep), KV in use (blocks, and persistent / temporary KV
+  bytes per GPU);
 - **summary** — vLLM / AgentX metrics over the measurement window
   ``[warmup_s, end]``: latency percentiles, *throughput per GPU* (logical tokens —
   input including cached, plus output — of the calls completed in the window, divided
@@ -31,9 +33,10 @@ import pandas as pd
 from labkit.engine.events import StepsCompleted
 from labkit.engine.request import Status
 
-STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "stall_s",
-                "num_prefill_reqs", "num_decode_reqs", "prefill_tokens", "decode_tokens",
-                "kv_used_blocks", "kv_usage"]
+STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "compute_s",
+                "comm_s", "stall_s", "num_prefill_reqs", "num_decode_reqs", "prefill_tokens",
+                "decode_tokens", "kv_used_blocks", "kv_usage", "persistent_kv_bytes",
+                "temporary_kv_bytes"]
 
 
 class StepRecorder:
@@ -52,6 +55,8 @@ class StepRecorder:
             "start_s": np.repeat(ev.start, r),
             "duration_s": np.repeat(ev.duration, r),
             "busy_s": ev.busy.ravel(),
+            "compute_s": ev.compute.ravel(),
+            "comm_s": ev.comm.ravel(),
             "stall_s": ev.stall.ravel(),
             "num_prefill_reqs": ev.num_prefill_reqs.ravel(),
             "num_decode_reqs": ev.num_decode_reqs.ravel(),
@@ -59,6 +64,8 @@ class StepRecorder:
             "decode_tokens": ev.decode_tokens.ravel(),
             "kv_used_blocks": ev.kv_used_blocks.ravel(),
             "kv_usage": (ev.kv_used_blocks / ev.kv_total_blocks[None, :]).ravel(),
+            "persistent_kv_bytes": np.asarray(ev.persistent_kv_bytes, dtype=float).ravel(),
+            "temporary_kv_bytes": np.asarray(ev.temporary_kv_bytes, dtype=float).ravel(),
         })
 
     def frame(self) -> pd.DataFrame:
@@ -84,6 +91,7 @@ def request_rows(requests) -> pd.DataFrame:
             "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s,
             "finish_s": r.finish_s, "input_tokens": r.num_prompt_tokens,
             "cached_tokens": max(r.num_cached_tokens, 0),
+            "fetched_tokens": r.num_fetched_tokens,
             "computed_prefill_tokens": r.num_computed_prefill_tokens,
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
@@ -143,6 +151,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_samples: np.ndarr
                                   if input_total else 0.0),
         "kv_cache_usage_peak": float(steps["kv_usage"].max()) if len(steps) else 0.0,
         "preemptions": int(requests["preemptions"].sum()) if len(requests) else 0,
+        "kv_fetched_tokens": int(requests["fetched_tokens"].sum()) if len(requests) else 0,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "stall_s_per_rank_mean": float(steps["stall_s"].sum() / max(steps["rank"].nunique(), 1))
         if len(steps) else 0.0,

@@ -52,6 +52,8 @@ class Request:
     forked_tokens: int = 0  # tokens adopted from the parent's blocks at fork time
     pending_copies: list = field(default_factory=list)  # copy-on-write (src, dst) pairs
     seq: int = 0  # arrival order, the tie-breaker of every queue
+    kv_ready_s: float = 0.0  # while its prefix KV is fetched from another rank: when done
+    num_fetched_tokens: int = 0  # prefix tokens fetched from another rank's cache
     # ---- timings and counters for metrics
     first_scheduled_s: float | None = None
     first_token_s: float | None = None

@@ -12,7 +12,8 @@ One scheduler per DP rank, in the style of vLLM's v1 scheduler (continuous batch
    budget, `max_num_seqs` and KV last. A request enters with its longest cached
    prefix already counted as computed. No new request is admitted in a step that
    preempted (that would only thrash), nor, under `prefill_schedule_interval` N, on a
-   step whose (rank-aligned) index is not a multiple of N.
+   step whose (rank-aligned) index is not a multiple of N — unless every rank of the
+   instance would otherwise sit idle, since then waiting stalls nobody.
 
 `schedule()` only plans; `update()` applies the outcome of the executed step.
 """
@@ -97,6 +98,9 @@ class Scheduler:
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.now = 0.0
+        # Set by the engine: (tokens another rank holds of req's prefix, seconds to
+        # fetch them here) — a session moved off the rank that has its KV.
+        self.remote_prefix = None
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -126,7 +130,9 @@ class Scheduler:
         return all(r.is_decoding and not r.pending_copies for r in self.running)
 
     # -------------------------------------------------------------- schedule
-    def schedule(self, step_index: int) -> RankBatch:
+    def schedule(self, step_index: int, admit_prefills: bool | None = None) -> RankBatch:
+        """Plan one step. `admit_prefills` overrides the prefill_schedule_interval gate
+        (the instance opens it when every rank would otherwise sit idle)."""
         cfg = self.config
         batch = RankBatch(self.rank)
         budget = cfg.max_num_batched_tokens
@@ -136,6 +142,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.kv_ready_s > self.now:  # its prefix KV is still on the wire
+                i += 1
+                continue
+            if req.num_fetched_tokens and req.kv_ready_s:
+                req.kv_ready_s = 0.0
+                self.kv.cache_full_blocks(req)  # the fetched blocks arrived
             decode = req.is_decoding
             n = 1 + drafts if decode else req.num_pending_tokens
             if threshold and not decode:
@@ -158,7 +170,9 @@ class Scheduler:
             budget -= n
             i += 1
 
-        admit = not batch.preempted and step_index % cfg.prefill_schedule_interval == 0
+        if admit_prefills is None:
+            admit_prefills = step_index % cfg.prefill_schedule_interval == 0
+        admit = admit_prefills and not batch.preempted
         while admit and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
             adopted = req.request_id in self.kv.tables  # forked from a running parent
@@ -168,6 +182,16 @@ class Scheduler:
             n = min(pending, threshold or pending, budget)
             if n < pending and not cfg.enable_chunked_prefill:
                 break
+            fetch_tokens, fetch_s = self._remote(req, cached, adopted)
+            if fetch_tokens:  # hold the blocks now, compute once the KV has arrived
+                if not self.kv.allocate(req, fetch_tokens - cached, match):
+                    break
+                self.waiting.pop()
+                req.num_computed_tokens = fetch_tokens
+                req.num_fetched_tokens = fetch_tokens - cached
+                req.kv_ready_s = self.now + fetch_s
+                self._start(req)
+                continue
             if not self.kv.allocate(req, n, match):
                 break
             self.waiting.pop()
@@ -176,6 +200,18 @@ class Scheduler:
             batch.add(req, n, False)
             budget -= n
         return batch
+
+    def _remote(self, req: Request, cached: int, adopted: bool) -> tuple[int, float]:
+        """Prefix tokens worth fetching from another rank, and how long that takes."""
+        if adopted or self.remote_prefix is None or req.num_cached_tokens >= 0:
+            return 0, 0.0
+        tokens, seconds = self.remote_prefix(req)
+        return (tokens, seconds) if tokens > cached else (0, 0.0)
+
+    def next_ready_s(self) -> float | None:
+        """When the first request still fetching KV can run (None if none is)."""
+        times = [r.kv_ready_s for r in self.running if r.kv_ready_s > self.now]
+        return min(times) if times else None
 
     def _cached_prefix(self, req: Request) -> PrefixMatch:
         return self.kv.lookup(req) if self.config.enable_prefix_caching else NO_MATCH

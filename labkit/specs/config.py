@@ -55,6 +55,9 @@ class EngineConfig:
         1, "tokens per DCP shard before moving to the next rank")
     router: str = knob("least_loaded", "how requests are spread over DP ranks",
                        ROUTER_POLICIES)
+    session_kv_migration: str = knob(
+        "fetch", "a call routed away from the rank holding its session's KV: fetch that KV "
+        "over the interconnect, or recompute it", ("fetch", "recompute"))
     seed: int = knob(0, "seed of every random choice")
     sim_fast_forward: bool = knob(
         True, "simulate runs of steady decode steps in one go (same results, faster)")

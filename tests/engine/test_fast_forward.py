@@ -14,6 +14,8 @@ CONFIGS = {
                         acceptance_length=2.99),
     "dp3 sticky": dict(model="tiny-llama", layout="dp3", router="session_sticky"),
     "dp2 prefix-aware": dict(model="tiny-llama", layout="dp2", router="prefix_aware"),
+    "dp3 round-robin, KV fetched on moves": dict(model="tiny-llama", layout="dp3",
+                                                 router="round_robin"),
     "dp2 least-kv, tight KV": dict(model="tiny-llama", layout="dp2", router="least_kv",
                                    num_gpu_blocks_override=1400),
     "dep4 lockstep": dict(model="tiny-qwen3-moe", layout="dep4", num_speculative_tokens=2,

@@ -35,7 +35,7 @@ def test_session_sticky_keeps_every_call_of_a_session_on_one_rank():
 
 
 def test_sticky_and_prefix_aware_reuse_more_than_round_robin():
-    rates = {p: routed(p)[2].summary["prefix_cache_hit_rate"]
+    rates = {p: routed(p, session_kv_migration="recompute")[2].summary["prefix_cache_hit_rate"]
              for p in ("round_robin", "session_sticky", "prefix_aware")}
     assert rates["session_sticky"] > rates["round_robin"]
     assert rates["prefix_aware"] > rates["round_robin"]
@@ -71,3 +71,19 @@ def test_least_running_tokens_counts_contexts_in_flight():
     engine.events.subscribe(check, RequestRouted)
     engine.replay(small_agentx(6, seed=9), concurrency=6, duration_s=40, start_part_way=False)
     assert len(checked) > 10 and max(checked) > 0
+
+
+def test_moving_a_session_fetches_its_kv_and_holds_blocks_meanwhile():
+    engine, decisions, result = routed("round_robin")
+    req = result.requests
+    moved = req[req["fetched_tokens"] > 0]
+    assert len(moved) > 5
+    # the fetched prefix is served, not recomputed
+    assert (moved["computed_prefill_tokens"] <= moved["input_tokens"]
+            - moved["cached_tokens"]).all()
+    # the transfer delays the first token by at least bytes / NVLink bandwidth
+    per_token = engine.placement.kv_bytes_per_token_per_gpu()
+    floor = moved["fetched_tokens"] * per_token / engine.hardware.nvlink_bandwidth
+    assert (moved["first_token_s"] - moved["first_scheduled_s"] >= floor).all()
+    sticky = routed("session_sticky")[2].requests
+    assert (sticky["fetched_tokens"] == 0).all()

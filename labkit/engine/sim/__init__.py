@@ -1,7 +1,7 @@
 """The simulated data plane and its cost models."""
 
 from labkit.engine.sim.data_plane import SimDataPlane
-from labkit.engine.sim.roofline import RooflineCostModel, RooflineParams, StepTiming
-from labkit.engine.sim.work import StepWork
+from labkit.engine.sim.roofline import RooflineCostModel, RooflineParams
+from labkit.engine.sim.work import StepTiming, StepWork
 
 __all__ = ["RooflineCostModel", "RooflineParams", "SimDataPlane", "StepTiming", "StepWork"]

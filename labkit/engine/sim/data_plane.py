@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from labkit.engine.sim.roofline import StepTiming
-from labkit.engine.sim.work import StepWork
+from labkit.engine.sim.work import StepTiming, StepWork
 
 
 class StepCostModel(Protocol):

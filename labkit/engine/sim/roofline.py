@@ -25,26 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.sim.work import StepWork
+from labkit.engine.sim.work import StepTiming, StepWork
 from labkit.specs.dtypes import dtype_bytes
 from labkit.specs.hardware import HardwareSpec
 from labkit.specs.layout import Layout
 from labkit.specs.models import ModelSpec
-
-
-@dataclass(slots=True)
-class StepTiming:
-    """Seconds per (step, rank): the rank's own work and its breakdown, and per step
-    the duration (the slowest rank under lockstep)."""
-
-    busy: np.ndarray
-    compute: np.ndarray
-    comm: np.ndarray
-    duration: np.ndarray  # (steps,)
-
-    @property
-    def stall(self) -> np.ndarray:
-        return self.duration[:, None] - self.busy
 
 
 @dataclass(slots=True)
@@ -165,7 +150,7 @@ class RooflineCostModel:
         busy = np.maximum(compute, memory) + comm + self.overhead
         duration = busy.max(axis=1)
         return StepTiming(busy=busy, compute=np.maximum(compute, memory), comm=comm,
-                          duration=duration)
+                          duration=duration, temporary_kv_bytes=np.zeros_like(busy))
 
 
 def _distinct_expert_table(num_experts: int) -> np.ndarray:

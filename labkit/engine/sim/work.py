@@ -52,3 +52,20 @@ class StepWork:
                 cols[4, r] += ctx + n
         idle = (cols[2] + cols[3]) == 0
         return cls(*(c[None, :] for c in cols), idle=idle[None, :])
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """What a cost model says about (steps, ranks): each rank's own busy seconds and
+    their compute / communication parts, each step's duration (the slowest rank under
+    lockstep), and the temporary KV bytes a GPU held while the step ran."""
+
+    busy: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    duration: np.ndarray  # (steps,)
+    temporary_kv_bytes: np.ndarray
+
+    @property
+    def stall(self) -> np.ndarray:
+        return self.duration[:, None] - self.busy

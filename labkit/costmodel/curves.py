@@ -1,0 +1,50 @@
+"""The few shapes every op's time is built from.
+
+A kernel is limited by whichever resource it exhausts first: tensor-core FLOPs, HBM
+bytes, or the fixed cost of the work units it hands to SMs. Near the crossover two
+limits overlap imperfectly, so instead of a hard `max` the ops combine them as a
+*smooth maximum*, the Euclidean norm sqrt(a^2 + b^2 + ...): equal to the larger term
+when one dominates, 41 % above it when two are equal (the measured kernels sit between
+max and sum there). A fixed launch latency is added on top.
+
+Bit-exactness: the engine evaluates thousands of steps as one numpy array and expects
+element i to equal a scalar call with element i's inputs, bit for bit. numpy's
+transcendental functions (exp, log, pow) may take different SIMD code paths for arrays
+and scalars, so nothing in this package uses them: only + - * /, sqrt (correctly
+rounded by IEEE 754), floor/ceil, minimum/maximum and where.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_array(x) -> np.ndarray:
+    """Numeric shape argument as float64 (ints stay exact below 2**53)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+def result(seconds: np.ndarray):
+    """Scalars in, a Python float out; arrays in, an array out."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    return float(seconds) if seconds.ndim == 0 else seconds
+
+
+def smooth_max(*terms: np.ndarray) -> np.ndarray:
+    """sqrt(sum of squares): the larger term when one dominates, softer at the crossover."""
+    total = terms[0] * terms[0]
+    for t in terms[1:]:
+        total = total + t * t
+    return np.sqrt(total)
+
+
+def ceil_div(a: np.ndarray, b) -> np.ndarray:
+    """How many units of size b cover a (tiles, waves)."""
+    return np.ceil(a / b)
+
+
+def causal_pairs(new_tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+    """(query, key) pairs one sequence attends in a causal prefill of `new_tokens` after
+    `prefix` cached tokens: every new token sees the prefix and the new tokens up to
+    itself."""
+    return new_tokens * prefix + new_tokens * (new_tokens + 1.0) * 0.5
