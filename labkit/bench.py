@@ -1,5 +1,9 @@
 """`labkit bench ...`: benchmarks that print figures (never pass/fail tests).
 
+`labkit bench costmodel` prints, per op family, the median and P90 absolute percentage
+error of the calibrated cost model on the measured H100 kernels it was fitted on (and on
+slices held out of the fit).
+
 `labkit bench sim` measures the simulator itself:
 
 (a) simulated seconds per wall second replaying the Mooncake trace (open loop) on
@@ -34,6 +38,14 @@ def shared_data_dir() -> Path | None:
 def run_bench(target: str, quick: bool = False) -> int:
     if target == "sim":
         bench_sim(quick)
+    elif target == "costmodel":
+        data = shared_data_dir()
+        if data is None:
+            print("labkit bench costmodel: ../shared/data not found (set LABKIT_SHARED_DATA)")
+            return 0
+        from labkit.costmodel.bench import bench_costmodel
+
+        bench_costmodel(data)
     return 0
 
 

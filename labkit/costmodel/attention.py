@@ -19,8 +19,12 @@ Prefill (many new tokens, causal, after `prefix` cached tokens) is compute:
 per head, whatever the head dim; `softmax_dims` expresses it as extra head dims of MMA
 work, which is why small heads run further from peak. One thread block owns a 128-row
 query tile and must visit every key before it, so the last tile of a long sequence
-bounds the time when there are few tiles (`longest` below). Memory: read K/V and Q,
-write O, and write the new K/V into the paged cache. Kernel: vllm_flash_attn_fa3.
+bounds the time when there are few tiles (`longest` below). With an fp8 cache the
+compute runs `fp8_kv_factor` slower (dequantization in the inner loop). Memory: read
+K/V and Q, write O, and write the new K/V into the paged cache; the fit puts its HBM
+efficiency at only ~0.3, i.e. these bytes (mostly Q and O when few tokens are new) cost
+~3x a plain stream, which the model takes as measured without explaining it. A
+(sequence, KV head) unit cost as in decode completes it. Kernel: vllm_flash_attn_fa3.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Physics, per GEMM:
 - fp8 activations are quantized first (vLLM quantizes per token, dynamically): one more
   pass over the activations (read bf16, write fp8) plus a per-row cost, because the
   quantization kernel gives each row to one thread block (`quant_row_s` per row, on one
-  SM; rows spread over all SMs).
+  SM; rows spread over all SMs). DeepGEMM's (fp8_block) quantizes in 1x128 groups with
+  a vectorized kernel and has no per-row cost.
 - a fixed `launch_s` (kernel launch, tail of the last wave).
 
 time = launch + quant + smooth_max(compute, memory)

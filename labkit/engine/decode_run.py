@@ -129,7 +129,7 @@ class DecodeRun:
             return
         self.start = self.start[:steps]
         self.timing = _head(self.timing, steps)
-        self.work = _head(self.work, steps)
+        self.work = self.work.head(steps)
         self.kv_used = self.kv_used[:steps]
         self.new_blocks = self.new_blocks[:, :steps]
         self.cum = self.cum[: steps + 1]
@@ -202,6 +202,7 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
         prefill_pairs=zeros,
         decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
         idle=np.broadcast_to(counts == 0, ctx.shape).copy(),
+        decode_context=ctx,
     )
 
 

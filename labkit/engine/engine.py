@@ -41,6 +41,7 @@ from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 
 BACKENDS = ("sim",)
+COST_MODELS = ("calibrated", "roofline")
 KV_FETCH_LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
 KV_FETCH_LINK_EFFICIENCY = 0.8
 _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
@@ -65,8 +66,7 @@ class Engine:
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
 
-        self.cost_model = cost_model or RooflineCostModel(
-            self.model, self.hardware, self.layout, self.config.kv_dtype())
+        self.cost_model = self._cost_model(cost_model)
         self.data_plane = SimDataPlane(self.cost_model)
         self.schedulers = [
             Scheduler(self.config, KVManager(self.capacity.num_blocks, self.block_size,
@@ -99,6 +99,23 @@ class Engine:
         self.finish_callbacks: list[Callable[[Request, float], None]] = []
 
     # -------------------------------------------------------------- set-up
+    def _cost_model(self, choice):
+        """The step model: "calibrated" (default: layer by layer from kernels fitted on
+        measured H100 latencies), "roofline" (a first-order sketch), or an object with
+        `step_timing(work, lockstep)` and `min_step_s`."""
+        if choice is None or choice == "calibrated":
+            from labkit.costmodel import CostModel
+            from labkit.engine.sim.layer_model import LayerStepModel
+
+            return LayerStepModel(self.placement, CostModel(self.hardware),
+                                  self.config.num_speculative_tokens)
+        if choice == "roofline":
+            return RooflineCostModel(self.model, self.hardware, self.layout,
+                                     self.config.kv_dtype())
+        if isinstance(choice, str):
+            raise unknown_choice("cost model", choice, COST_MODELS)
+        return choice
+
     @property
     def gpus(self) -> int:
         return self.layout.gpus

@@ -26,10 +26,12 @@ Linear-attention layers keep a fixed state per sequence, split by heads under TP
 **Temporary KV** (per request, during a layer): PCPxDCP all-gathers the full KV of the
 layer being computed for its queries; KVPP broadcasts the owner's layer to the others.
 
-**Communication per step** (bytes per GPU per layer): TP all-reduces after attention
-and MLP; EP all-to-all (dispatch, combine) per MoE layer; DCP all-gathers queries and
+**Communication per step** (per layer): TP all-reduces after attention and MLP; EP
+all-to-all (dispatch, combine) per MoE layer; DCP all-gathers queries and
 reduce-scatters partial outputs with their log-sum-exp; PCP all-gathers new KV; KVPP
-broadcasts a layer's KV; PP sends activations between stages.
+broadcasts a layer's KV; PP sends activations between stages. Message sizes follow
+nccl-tests: the all-reduce buffer, the all-gather *output*, the reduce-scatter *input*,
+the all-to-all send buffer — each as one GPU sees it.
 """
 
 from __future__ import annotations
@@ -195,41 +197,41 @@ class Placement:
     def comm_per_layer(self, tokens: int, new_kv_tokens: int = 0,
                        kv_tokens_read: int = 0) -> dict[str, tuple[str, float, int]]:
         """Collectives one GPU takes part in for one layer of a step:
-        name -> (op, message bytes per GPU, group size). `tokens` are the step's tokens
-        through the layer on this replica, `new_kv_tokens` the prefill tokens whose KV
-        PCP gathers, `kv_tokens_read` the context KVPP must broadcast."""
+        name -> (op, message bytes, group size). `tokens` are the tokens through
+        the layer on one GPU (PCP has already split prefill tokens), `new_kv_tokens` the
+        prefill tokens whose KV PCP gathers, `kv_tokens_read` the context KVPP must
+        broadcast."""
         m, lay = self.model, self.layout
         h = m.hidden_size
         out: dict[str, tuple[str, float, int]] = {}
         if lay.tp > 1:
-            out["tp_allreduce"] = ("all_reduce", tokens / lay.pcp * h * ACT_BYTES, lay.tp)
+            out["tp_allreduce"] = ("all_reduce", tokens * h * ACT_BYTES, lay.tp)
         if lay.dcp > 1:
             heads = m.num_heads / lay.tp
             q_dim = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else m.head_dim
             v_dim = m.kv_lora_rank if m.is_mla else m.head_dim
-            out["dcp_gather_q"] = ("all_gather", tokens * heads * q_dim * ACT_BYTES, lay.dcp)
+            gathered = tokens * heads * lay.dcp * q_dim * ACT_BYTES  # every head it serves
+            out["dcp_gather_q"] = ("all_gather", gathered, lay.dcp)
             # partial outputs of every head, plus one fp32 log-sum-exp per head
             partial = tokens * m.num_heads * (v_dim * ACT_BYTES + 4) / (lay.tp / lay.dcp)
             out["dcp_merge"] = ("reduce_scatter", partial, lay.dcp)
         if lay.pcp > 1 and new_kv_tokens:
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
-            out["pcp_gather_kv"] = ("all_gather", new_kv_tokens / lay.pcp * per_layer, lay.pcp)
+            out["pcp_gather_kv"] = ("all_gather", new_kv_tokens * per_layer, lay.pcp)
         if lay.kvpp > 1 and kv_tokens_read:
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
-            out["kvpp_broadcast"] = ("all_gather", kv_tokens_read * per_layer / lay.kvpp,
-                                     lay.kvpp)
+            out["kvpp_broadcast"] = ("all_gather", kv_tokens_read * per_layer, lay.kvpp)
         return out
 
     def moe_comm(self, tokens: int) -> dict[str, tuple[str, float, int]]:
-        """Per MoE layer: EP all-to-all, or the TP all-reduce of a dense MLP."""
+        """Per MoE layer (tokens on one GPU): EP all-to-all, or TP all-reduce."""
         m, lay = self.model, self.layout
         if lay.ep > 1:
             per_token = m.num_experts_per_tok * m.hidden_size
             return {"ep_dispatch": ("all_to_all", tokens * per_token * DISPATCH_BYTES, lay.ep),
                     "ep_combine": ("all_to_all", tokens * per_token * ACT_BYTES, lay.ep)}
         if lay.tp > 1:
-            return {"tp_allreduce": ("all_reduce", tokens / lay.pcp * m.hidden_size * ACT_BYTES,
-                                     lay.tp)}
+            return {"tp_allreduce": ("all_reduce", tokens * m.hidden_size * ACT_BYTES, lay.tp)}
         return {}
 
     def pp_p2p_bytes(self, tokens: int) -> float:

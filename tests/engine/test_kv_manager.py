@@ -78,6 +78,8 @@ class KVMachine(RuleBasedStateMachine):
         full = match.blocks[: match.num_tokens // BS]
         assert full.tolist() == expected
         event("hit" if expected else "miss")
+        if match.forked and match.num_tokens % BS:
+            event("adopted a partial tail")
         if req.prefix_hint is not None and expected:
             event("hit with a prefix hint")
         n = min(chunk, req.num_tokens - match.num_tokens)
@@ -140,6 +142,13 @@ class KVMachine(RuleBasedStateMachine):
         self.next_id += 2
         self.paths.append(ids)
         self.fresh.append(self._new_request(ids, len(ids) * BS - 1, hint))
+        # and a subagent forks from exactly what it computed (it may adopt the tail)
+        done = req.num_computed_tokens
+        if done:
+            kid = np.concatenate([req.keys.ids[: -(-done // BS)],
+                                  np.arange(self.next_id, self.next_id + 3)])
+            self.next_id += 3
+            self.fresh.append(self._new_request(kid, done + 2 * BS, hint, forked=done))
 
     @invariant()
     def ref_counts_match_tables(self):
@@ -297,3 +306,30 @@ def test_token_keyed_requests_share_cached_prefixes():
     follow = prompt + [99, 98, 97, 96, 95]
     second = Request("b", "s", len(follow), 4, 0.0, keys=TokenBlockKeys(follow, BS))
     assert kv.lookup(second).num_tokens == (len(prompt) // BS) * BS
+
+
+def test_a_sibling_that_filled_the_shared_tail_forces_a_copy():
+    """The first subagent writes into the parent's tail, fills and caches it, finishes;
+    the second adopts the same tail: it must copy, not overwrite cached content."""
+    kv = KVManager(16, BS)
+    parent = _req("p", [1, 2, 3], 10)
+    _run(kv, parent, 10)
+    tail = kv.table("p")[2]
+    hint = kv.free(parent)
+    first = _req("k0", [1, 2, 30, 31], 14, hint, forked=10)
+    match = kv.lookup(first)
+    assert kv.allocate(first, 4, match) and kv.table("k0")[2] == tail
+    first.num_computed_tokens = 14
+    kv.cache_full_blocks(first)  # the tail is now a full, cached block of k0's content
+    assert kv.pool.block_key[tail] == first.keys.key(2)
+    kv.free(first)
+    second = _req("k1", [1, 2, 40, 41], 14, hint, forked=10)
+    match = kv.lookup(second)
+    assert match.forked and match.blocks[-1] == tail
+    assert kv.allocate(second, 4, match)
+    (src, dst), = second.pending_copies
+    assert src == tail and kv.table("k1")[2] == dst != tail
+    second.num_computed_tokens = 14
+    kv.cache_full_blocks(second)
+    assert kv.pool.cached_block(first.keys.key(2)) == tail  # k0's content still cached
+    assert kv.pool.cached_block(second.keys.key(2)) == dst

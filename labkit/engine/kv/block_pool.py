@@ -117,6 +117,9 @@ class BlockPool:
         """
         if not self.enable_caching or len(blocks) == 0:
             return
+        if (self.block_key[blocks] != NO_KEY).any():
+            raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
+                               f"(writing into a registered block needs a copy first)")
         cached = self._cached
         fresh_blocks, fresh_keys = [], []
         for block, key in zip(blocks.tolist(), keys.tolist()):

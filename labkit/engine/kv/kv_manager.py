@@ -30,7 +30,7 @@ import numpy as np
 from labkit.engine.events import (
     BlocksAllocated, BlocksFreed, CacheHit, CopyOnWrite, EventBus, Forked,
 )
-from labkit.engine.kv.block_pool import BlockPool
+from labkit.engine.kv.block_pool import NO_KEY, BlockPool
 
 EMPTY = np.empty(0, dtype=np.int32)
 
@@ -185,8 +185,10 @@ class KVManager:
             have, computed = len(match.blocks), match.num_tokens
             shared = self.pool.ref_count[match.blocks]
             need = int((shared == 0).sum())  # hits on free blocks leave the free pool
-            if match.forked and computed % self.block_size and shared[-1] > 0:
-                need += 1  # the adopted tail is in use: writing into it copies it
+            tail = match.blocks[-1] if len(match.blocks) else -1
+            if match.forked and computed % self.block_size and (
+                    shared[-1] > 0 or self.pool.block_key[tail] != NO_KEY):
+                need += 1  # the adopted tail is not ours alone: writing into it copies it
         else:
             have, computed = table.n, req.num_computed_tokens
             need = 1 if self._needs_copy(table, computed) else 0
@@ -232,10 +234,13 @@ class KVManager:
         return table
 
     def _needs_copy(self, table: BlockTable, computed: int) -> bool:
-        """Writing at `computed` lands in a shared, partly filled block."""
+        """Writing at `computed` lands mid-block in a block that is not ours alone:
+        shared with another table, or cached under a key (a sibling fork filled it)."""
         idx = computed // self.block_size
-        return (computed % self.block_size != 0 and idx < table.n
-                and self.pool.ref_count[table.blocks[idx]] > 1)
+        if computed % self.block_size == 0 or idx >= table.n:
+            return False
+        block = table.blocks[idx]
+        return self.pool.ref_count[block] > 1 or self.pool.block_key[block] != NO_KEY
 
     def tail_is_shared(self, req) -> bool:
         """Would req's next write land in a block shared with another table?"""

@@ -25,6 +25,14 @@ class StepWork:
     prefill_pairs: np.ndarray  # query-key pairs of prefill tokens (causal)
     decode_pairs: np.ndarray  # query-key pairs of decode tokens
     idle: np.ndarray  # bool: the rank had nothing to do (runs a dummy step in lockstep)
+    decode_context: np.ndarray | None = None  # sum of decoding requests' contexts
+    # One step only: every prefill chunk as (rank, new tokens, context) columns, so a
+    # cost model can price each chunk's attention on its own shape.
+    prefill_chunks: tuple | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_context is None:
+            self.decode_context = np.zeros_like(self.decode_tokens)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -37,7 +45,8 @@ class StepWork:
     @classmethod
     def from_batches(cls, batches) -> StepWork:
         """One step: a (1, R) StepWork from the ranks' RankBatch objects."""
-        cols = np.zeros((7, len(batches)), dtype=np.int64)
+        cols = np.zeros((8, len(batches)), dtype=np.int64)
+        chunk_rank, chunk_new, chunk_ctx = [], [], []
         for r, batch in enumerate(batches):
             for n, ctx, decode in zip(batch.num_new_tokens, batch.contexts, batch.is_decode):
                 pairs = n * ctx + n * (n + 1) // 2
@@ -45,13 +54,25 @@ class StepWork:
                     cols[1, r] += n
                     cols[3, r] += 1
                     cols[6, r] += pairs
+                    cols[7, r] += ctx
                 else:
                     cols[0, r] += n
                     cols[2, r] += 1
                     cols[5, r] += pairs
+                    chunk_rank.append(r)
+                    chunk_new.append(n)
+                    chunk_ctx.append(ctx)
                 cols[4, r] += ctx + n
         idle = (cols[2] + cols[3]) == 0
-        return cls(*(c[None, :] for c in cols), idle=idle[None, :])
+        chunks = (np.array(chunk_rank, dtype=np.int64), np.array(chunk_new, dtype=np.int64),
+                  np.array(chunk_ctx, dtype=np.int64))
+        return cls(*(c[None, :] for c in cols[:7]), idle=idle[None, :],
+                   decode_context=cols[7][None, :], prefill_chunks=chunks)
+
+    def head(self, k: int) -> StepWork:
+        """The first k steps."""
+        return StepWork(*(getattr(self, f)[:k] for f in StepWork.__slots__[:9]),
+                        prefill_chunks=self.prefill_chunks)
 
 
 @dataclass(slots=True)

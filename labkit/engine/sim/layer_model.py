@@ -1,0 +1,263 @@
+"""The step model: one engine step, layer by layer, from calibrated kernels.
+
+For each DP rank the model walks one pipeline stage's layers and adds up what a GPU
+of that rank does, pricing every kernel with the calibrated `CostModel` ops:
+
+- **attention layers**: the projections (GEMMs; MLA's down-projections and a DSA
+  indexer replicated on every TP rank, the per-head parts split), then the attention
+  core — decode over each request's context, prefill chunk by chunk over its prefix
+  — and, for DeepSeek-V3.2, the indexer over the whole context plus a gather of the
+  top-k entries. DCP shards the context a GPU reads but hands it every head's
+  queries; PCP splits a chunk's queries and all-gathers its KV;
+- **linear-attention layers** (KDA): projections plus a recurrent state update,
+  a memory-bound read-modify-write of the per-sequence state when decoding;
+- **MLP / MoE**: dense GEMMs, or the fused MoE kernel plus shared experts and
+  router, the experts spread as the layout says;
+- **collectives**: whatever `Placement` says the layer communicates (TP all-reduce,
+  EP all-to-all, DCP query gather and partial-output merge, PCP KV gather, KVPP
+  broadcast), priced by the collective model;
+- the LM head, the MTP draft passes when speculating, and a per-step overhead.
+
+Pipeline parallelism: a GPU computes one stage. Steps whose batch only continues
+prefills pipeline back to back (a stage's time each); a step that decodes needs the
+previous step's sampled token, so it pays the whole pipeline (pp stages) plus the
+activation hand-offs. Lockstep DP ranks (DEP) last as long as the slowest; an idle
+rank runs a one-token dummy batch.
+
+Nothing here knows which layout "should" win: DCP's growing per-step cost, DEP's
+stalls or PP's bubbles come out of these sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from labkit.engine.layouts import Placement
+from labkit.engine.sim.work import StepTiming, StepWork
+
+STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and writes
+
+
+class LayerStepModel:
+    def __init__(self, placement: Placement, ops, num_speculative_tokens: int = 0) -> None:
+        self.placement = placement
+        self.ops = ops
+        self.model = m = placement.model
+        self.layout = lay = placement.layout
+        self.drafts = num_speculative_tokens
+        self.width = 1 + num_speculative_tokens
+        # fp8 checkpoints (DeepSeek, Kimi) run block-scaled fp8 GEMMs (DeepGEMM)
+        self.wdtype = "fp8_block" if m.weight_dtype == "fp8" else "bf16"
+        self.moe_dtype = "fp8" if m.weight_dtype == "fp8" else "bf16"
+        self.kv_dtype = placement.kv_dtype
+        pp = lay.pp
+        # layers of each kind on one pipeline stage (average stage)
+        self.full_layers = m.num_full_attention_layers / pp
+        self.linear_layers = m.num_linear_layers / pp
+        self.moe_layers = m.num_moe_layers / pp
+        self.dense_layers = m.num_dense_mlp_layers / pp
+        self.heads = m.num_heads / lay.tp  # query heads a TP rank owns
+
+    @property
+    def min_step_s(self) -> float:
+        return float(self.ops.step_overhead_s)
+
+    # ------------------------------------------------------------------ step
+    def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
+        lay = self.layout
+        dummy = work.idle if lockstep else np.zeros_like(work.idle)
+        t_dec = np.where(dummy, 1, work.decode_tokens)
+        t_pre = work.prefill_tokens
+        tokens = t_pre / lay.pcp + t_dec  # through this GPU's dense GEMMs
+        # tokens the MoE kernel of one GPU sees routed: an EP group spans the replica
+        # (or, in lockstep, every DP rank); sliced experts see this GPU's tokens
+        replica = t_pre + t_dec
+        if lay.ep == 1:
+            group = tokens
+        else:
+            group = replica.sum(axis=1, keepdims=True) if lockstep else replica
+
+        attn, attn_comm = self._attention_layer(work, tokens, t_dec)
+        mlp, mlp_comm = self._mlp_layer(tokens, group)
+        linear = self._linear_layer(work, tokens)
+        stage_compute = (self.full_layers * attn + self.moe_layers * mlp[1]
+                         + self.dense_layers * mlp[0] + self.linear_layers * linear)
+        stage_comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
+                      + self.dense_layers * mlp_comm[0])
+        head = self._lm_head(work.num_prefill_reqs + t_dec)
+        draft = self._drafts(work.num_decode_reqs)
+
+        pp = lay.pp
+        pipelined = (work.num_decode_reqs.sum(axis=1, keepdims=True) == 0) if pp > 1 else True
+        stages = np.where(pipelined, 1, pp)
+        compute = stages * stage_compute + head + draft
+        comm = stages * stage_comm
+        if pp > 1:  # activations cross each stage boundary the step waits on
+            hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(tokens), "nvlink")
+            comm = comm + np.where(pipelined, 1, pp - 1) * hand_off
+        shape = work.prefill_tokens.shape
+        compute = np.broadcast_to(compute, shape).astype(float)
+        comm = np.broadcast_to(comm, shape).astype(float)
+        busy = compute + comm + self.ops.step_overhead_s
+        duration = busy.max(axis=1)
+        return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
+                          temporary_kv_bytes=self._temporary_kv(work))
+
+    # ------------------------------------------------------------- attention
+    def _attention_layer(self, work: StepWork, tokens, t_dec):
+        m, ops, w = self.model, self.ops, self.wdtype
+        h, heads = m.hidden_size, self.heads
+        if m.is_mla:
+            q_in = m.q_lora_rank or h
+            proj = ops.gemm(tokens, heads * m.qk_head_dim, q_in, w)
+            proj = proj + ops.gemm(tokens, m.kv_lora_rank + m.qk_rope_head_dim, h, w)
+            if m.q_lora_rank:
+                proj = proj + ops.gemm(tokens, m.q_lora_rank, h, w)
+            proj = proj + ops.gemm(tokens, h, heads * m.v_head_dim, w)
+            # decode runs absorbed: queries into latent space, outputs back out
+            proj = proj + ops.gemm(t_dec * heads, m.kv_lora_rank, m.qk_nope_head_dim, "bf16")
+            proj = proj + ops.gemm(t_dec * heads, m.v_head_dim, m.kv_lora_rank, "bf16")
+            if m.has_indexer:  # replicated on every TP rank
+                proj = proj + ops.gemm(tokens, m.index_num_heads * m.index_head_dim, q_in, w)
+                proj = proj + ops.gemm(tokens, m.index_head_dim + m.index_num_heads, h, w)
+        else:
+            kv_heads = self.placement.kv_heads_per_gpu
+            proj = ops.gemm(tokens, (heads + 2 * kv_heads) * m.head_dim, h, w)
+            proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
+        core = self._decode_core(work) + self._prefill_core(work)
+        comm = 0.0
+        new_kv = work.prefill_tokens
+        for op, nbytes, n in self.placement.comm_per_layer(tokens, new_kv,
+                                                           work.kv_read_tokens).values():
+            comm = comm + ops.collective(op, nbytes, n)
+        return proj + core, comm
+
+    def _decode_core(self, work: StepWork):
+        m, lay, ops = self.model, self.layout, self.ops
+        b = work.num_decode_reqs
+        busy = b > 0
+        safe_b = np.maximum(b, 1)
+        ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
+        heads = self.heads * lay.dcp  # ...for the queries of every head it shares KV with
+        if m.has_indexer:
+            topk = np.minimum(ctx * lay.dcp, m.index_topk) / lay.dcp
+            t = ops.sparse_attention(safe_b, self.width, np.maximum(topk, 1), heads,
+                                     m.kv_lora_rank, m.qk_rope_head_dim, self.kv_dtype)
+            t = t + ops.indexer(safe_b, self.width, np.maximum(ctx, 1), m.index_num_heads,
+                                m.index_head_dim)
+        elif m.is_mla:  # several query tokens per request make MLA decode compute-bound
+            t = ops.mla_decode(safe_b, np.maximum(ctx, 1), heads, m.kv_lora_rank,
+                               m.qk_rope_head_dim, self.kv_dtype, query_len=self.width)
+        else:
+            t = ops.attention_decode(safe_b, np.maximum(ctx, 1), heads,
+                                     self.placement.kv_heads_per_gpu, m.head_dim, self.kv_dtype)
+        return np.where(busy, t, 0.0)
+
+    def _prefill_core(self, work: StepWork):
+        if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
+            return np.zeros(work.prefill_tokens.shape)
+        m, lay, ops = self.model, self.layout, self.ops
+        rank, new, ctx = work.prefill_chunks
+        queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
+        # PCP ranks gather the whole KV for their queries; DCP alone keeps shards
+        shard = 1 if lay.pcp > 1 else lay.dcp
+        prefix = (ctx + (new - queries) / 2) / shard
+        heads = self.heads * (lay.dcp if shard > 1 else 1)
+        q = np.maximum(queries, 1)
+        if m.has_indexer:
+            topk = np.minimum(ctx + new / 2, m.index_topk) / shard
+            t = ops.sparse_attention(1, q, np.maximum(topk, 1), heads, m.kv_lora_rank,
+                                     m.qk_rope_head_dim, self.kv_dtype)
+            t = t + ops.indexer(1, q, np.maximum(prefix, 1), m.index_num_heads,
+                                m.index_head_dim)
+            # the cached latent is up-projected to keys and values for the chunk
+        elif m.is_mla:
+            t = ops.mla_prefill(1, q, prefix, heads, m.qk_nope_head_dim, m.qk_rope_head_dim,
+                                m.v_head_dim, self.kv_dtype)
+        else:
+            t = ops.attention_prefill(1, q, prefix, heads, self.placement.kv_heads_per_gpu,
+                                      m.head_dim, self.kv_dtype)
+        if m.is_mla:
+            kv_tokens = (ctx + new) / shard
+            t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
+                             m.kv_lora_rank, "bf16")
+        per_rank = np.zeros(work.prefill_tokens.shape[1])
+        np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
+        return per_rank[None, :]
+
+    # -------------------------------------------------------------------- mlp
+    def _mlp_layer(self, tokens, group):
+        """(dense layer, MoE layer) compute, and (dense, MoE) communication."""
+        m, lay, ops, w = self.model, self.layout, self.ops, self.wdtype
+        h, tp = m.hidden_size, lay.tp
+        dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
+        dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
+        dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
+        if not m.is_moe:
+            return (dense, 0.0), (dense_comm, 0.0)
+        # the kernel sees every token the expert group routes (num_tokens across EP)
+        moe = ops.moe(group, h, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
+                      ep_size=lay.ep, tp_size=1 if lay.ep > 1 else tp, dtype=self.moe_dtype)
+        shared = m.num_shared_experts * m.moe_intermediate_size / tp
+        if shared:
+            moe = moe + ops.gemm(tokens, 2 * shared, h, w) + ops.gemm(tokens, h, shared, w)
+        moe = moe + ops.gemm(tokens, m.num_experts, h, "bf16")  # router
+        moe_comm = self._collectives(self.placement.moe_comm(tokens))
+        return (dense, moe), (dense_comm, moe_comm)
+
+    def _collectives(self, ops_by_name: dict):
+        total = 0.0
+        for op, nbytes, n in ops_by_name.values():
+            total = total + self.ops.collective(op, nbytes, n)
+        return total
+
+    # ------------------------------------------------------------ the rest
+    def _linear_layer(self, work: StepWork, tokens):
+        m = self.model
+        if not m.linear_layers:
+            return 0.0
+        ops, w, lay = self.ops, self.wdtype, self.layout
+        heads, dim = m.linear_num_heads / lay.tp, m.linear_head_dim
+        proj = ops.gemm(tokens, 4 * heads * dim, m.hidden_size, w)
+        # prefill: chunked delta rule, ~ two (dim x dim) products per token per head
+        chunk = ops.gemm(work.prefill_tokens / lay.pcp * heads, dim, dim, "bf16") * 2
+        state = heads * dim * dim * 4  # fp32 state per sequence per layer
+        hbm = self.ops.hardware.hbm_bandwidth * STATE_HBM_EFFICIENCY
+        decode = work.num_decode_reqs * 2 * state / hbm
+        return proj + chunk + decode
+
+    def _lm_head(self, rows):
+        m = self.model
+        return self.ops.gemm(rows, m.vocab_size / self.layout.tp, m.hidden_size, "bf16")
+
+    def _drafts(self, decode_reqs):
+        """MTP: each draft token is one more pass of the MTP layer and the LM head."""
+        if not self.drafts or not self.model.num_mtp_modules:
+            return 0.0
+        m, w = self.model, self.wdtype
+        rows = np.maximum(decode_reqs, 1)
+        layer = self.ops.gemm(rows, m.hidden_size, 2 * m.hidden_size, w)
+        if m.is_moe:
+            layer = layer + self.ops.moe(rows, m.hidden_size, m.moe_intermediate_size,
+                                         m.num_experts_per_tok, m.num_experts,
+                                         dtype=self.moe_dtype)
+        per_draft = layer + self._lm_head(rows)
+        return np.where(decode_reqs > 0, self.drafts * per_draft, 0.0)
+
+    def _temporary_kv(self, work: StepWork):
+        lay, p = self.layout, self.placement
+        per_layer = p.kv_bytes_per_token_per_layer_per_gpu()
+        if lay.pcp > 1 and lay.dcp > 1:
+            prefill_kv = work.kv_read_tokens - (work.decode_context + work.decode_tokens)
+            return prefill_kv * per_layer
+        if lay.kvpp > 1:
+            return work.kv_read_tokens * per_layer
+        return np.zeros(work.prefill_tokens.shape)
+
+
+def _tp_allreduce(placement: Placement, tokens) -> dict:
+    lay = placement.layout
+    if lay.tp == 1:
+        return {}
+    nbytes = tokens * placement.model.hidden_size * 2
+    return {"tp_allreduce": ("all_reduce", nbytes, lay.tp)}
