@@ -4,6 +4,10 @@
 error of the calibrated cost model on the measured H100 kernels it was fitted on (and on
 slices held out of the fit).
 
+`labkit bench layouts` sets up the comparisons practitioners report (DCP vs TP vs DEP
+vs PCP, PP, long_prefill_token_threshold, prefill_schedule_interval, routing) and
+prints what the model makes of them (see `labkit.behaviours`).
+
 `labkit bench sim` measures the simulator itself:
 
 (a) simulated seconds per wall second replaying the Mooncake trace (open loop) on
@@ -38,6 +42,10 @@ def shared_data_dir() -> Path | None:
 def run_bench(target: str, quick: bool = False) -> int:
     if target == "sim":
         bench_sim(quick)
+    elif target == "layouts":
+        from labkit.behaviours import bench_layouts
+
+        bench_layouts(quick)
     elif target == "costmodel":
         data = shared_data_dir()
         if data is None:

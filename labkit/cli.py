@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--json", action="store_true")
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("target", choices=["sim", "costmodel"])
+    bench.add_argument("target", choices=["sim", "costmodel", "layouts"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
     return parser
 

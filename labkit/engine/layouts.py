@@ -24,12 +24,15 @@ TP slice; DCP reuses the TP GPUs.
 Linear-attention layers keep a fixed state per sequence, split by heads under TP.
 
 **Temporary KV** (per request, during a layer): PCPxDCP all-gathers the full KV of the
-layer being computed for its queries; KVPP broadcasts the owner's layer to the others.
+layer being computed for its queries; KVPP broadcasts the owner's layer to the others;
+DCP on MLA gathers a prefill's prefix latents.
 
 **Communication per step** (per layer): TP all-reduces after attention and MLP; EP
 all-to-all (dispatch, combine) per MoE layer; DCP all-gathers queries and
 reduce-scatters partial outputs with their log-sum-exp; PCP all-gathers new KV; KVPP
-broadcasts a layer's KV; PP sends activations between stages. Message sizes follow
+broadcasts a layer's KV; PP sends activations between stages. DCP alone on an MLA
+model also all-gathers a prefill chunk's cached prefix (see
+`gathers_prefix_for_prefill`), so its cost grows with the context. Message sizes follow
 nccl-tests: the all-reduce buffer, the all-gather *output*, the reduce-scatter *input*,
 the all-to-all send buffer — each as one GPU sees it.
 """
@@ -37,6 +40,8 @@ the all-to-all send buffer — each as one GPU sees it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from labkit.errors import ConfigError
 from labkit.specs.dtypes import dtype_bytes
@@ -183,6 +188,8 @@ class Placement:
         one_layer = num_tokens * self.kv_bytes_per_token_per_layer_per_gpu()
         if lay.pcp > 1 and lay.dcp > 1:
             return one_layer  # the layer's full KV, gathered for this rank's queries
+        if self.gathers_prefix_for_prefill():
+            return one_layer  # a prefill's prefix latents, gathered for this layer
         if lay.kvpp > 1:
             return one_layer  # the owner's layer, broadcast to this rank
         return 0.0
@@ -194,31 +201,46 @@ class Placement:
         return held / self.kv_bytes_per_token()
 
     # -------------------------------------------------------- communication
+    def gathers_prefix_for_prefill(self) -> bool:
+        """DCP alone on an MLA model: a prefill chunk runs as multi-head attention over
+        up-projected keys and values, but each rank's up-projection holds only its own
+        heads — so every rank all-gathers the cached prefix's latents, layer by layer
+        (vLLM's MLA prefill under DCP). DSA's sparse path stays absorbed and does not."""
+        m, lay = self.model, self.layout
+        return lay.dcp > 1 and lay.pcp == 1 and m.is_mla and not m.has_indexer
+
     def comm_per_layer(self, tokens: int, new_kv_tokens: int = 0,
-                       kv_tokens_read: int = 0) -> dict[str, tuple[str, float, int]]:
+                       kv_tokens_read: int = 0, prefill_prefix_tokens: int = 0,
+                       sharded_query_tokens=None) -> dict[str, tuple[str, float, int]]:
         """Collectives one GPU takes part in for one layer of a step:
         name -> (op, message bytes, group size). `tokens` are the tokens through
         the layer on one GPU (PCP has already split prefill tokens), `new_kv_tokens` the
         prefill tokens whose KV PCP gathers, `kv_tokens_read` the context KVPP must
-        broadcast."""
+        broadcast, `prefill_prefix_tokens` the cached context of the step's prefill
+        chunks and `sharded_query_tokens` the tokens whose attention runs over DCP
+        shards (default: all of them)."""
         m, lay = self.model, self.layout
         h = m.hidden_size
         out: dict[str, tuple[str, float, int]] = {}
         if lay.tp > 1:
             out["tp_allreduce"] = ("all_reduce", tokens * h * ACT_BYTES, lay.tp)
-        if lay.dcp > 1:
+        queries = tokens if sharded_query_tokens is None else sharded_query_tokens
+        if lay.dcp > 1 and np.any(queries):
             heads = m.num_heads / lay.tp
             q_dim = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else m.head_dim
             v_dim = m.kv_lora_rank if m.is_mla else m.head_dim
-            gathered = tokens * heads * lay.dcp * q_dim * ACT_BYTES  # every head it serves
+            gathered = queries * heads * lay.dcp * q_dim * ACT_BYTES  # every head it serves
             out["dcp_gather_q"] = ("all_gather", gathered, lay.dcp)
             # partial outputs of every head, plus one fp32 log-sum-exp per head
-            partial = tokens * m.num_heads * (v_dim * ACT_BYTES + 4) / (lay.tp / lay.dcp)
+            partial = queries * m.num_heads * (v_dim * ACT_BYTES + 4) / (lay.tp / lay.dcp)
             out["dcp_merge"] = ("reduce_scatter", partial, lay.dcp)
-        if lay.pcp > 1 and new_kv_tokens:
+        if self.gathers_prefix_for_prefill() and np.any(prefill_prefix_tokens):
+            per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
+            out["dcp_gather_prefix"] = ("all_gather", prefill_prefix_tokens * per_layer, lay.dcp)
+        if lay.pcp > 1 and np.any(new_kv_tokens):
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
             out["pcp_gather_kv"] = ("all_gather", new_kv_tokens * per_layer, lay.pcp)
-        if lay.kvpp > 1 and kv_tokens_read:
+        if lay.kvpp > 1 and np.any(kv_tokens_read):
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
             out["kvpp_broadcast"] = ("all_gather", kv_tokens_read * per_layer, lay.kvpp)
         return out

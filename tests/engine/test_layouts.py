@@ -79,13 +79,16 @@ def test_dcp_interleave_changes_the_largest_shard():
 
 
 # ---------------------------------------------------------------- temporary KV
-@pytest.mark.parametrize("layout,expected", [
-    ("tp8", 0), ("tp8xdcp8", 0), ("pcp8", 0),
-    ("pcp8xdcp8xep8", N * MLA_LAYER),  # one layer's KV gathered for the local queries
-    ("tp8xkvpp8", N * MLA_LAYER),      # one layer broadcast from its owner
+@pytest.mark.parametrize("model,layout,expected", [
+    (DSV3, "tp8", 0), (DSV3, "pcp8", 0), (DSV3, "dep16", 0),
+    (DSV3, "pcp8xdcp8xep8", N * MLA_LAYER),  # one layer's KV gathered for the local queries
+    (DSV3, "tp8xkvpp8", N * MLA_LAYER),      # one layer broadcast from its owner
+    (DSV3, "tp8xdcp8", N * MLA_LAYER),       # MLA prefill gathers the prefix's latents
+    (get_model("deepseek-v3.2"), "tp8xdcp8", 0),  # ...which DSA's absorbed path does not
+    (L70, "tp16xdcp2", 0),                    # nor does GQA
 ])
-def test_temporary_kv(layout, expected):
-    assert place(DSV3, layout).temporary_kv_bytes_per_gpu(N) == expected
+def test_temporary_kv(model, layout, expected):
+    assert place(model, layout).temporary_kv_bytes_per_gpu(N) == expected
 
 
 def test_linear_attention_state_is_per_sequence():
@@ -178,10 +181,12 @@ def test_capacity_tool_for_a_million_tokens():
     dcp = capacity("deepseek-v3", "tp8xdcp8", "h200", one_m)
     assert tp8["kv_bytes_per_token"] == dcp["kv_bytes_per_token"] == 61 * MLA_LAYER
     assert not tp8["fits"] and dcp["fits"]
-    assert dcp["kv_capacity_tokens_per_gpu"] == pytest.approx(
-        8 * tp8["kv_capacity_tokens_per_gpu"], rel=1e-6)
+    tp8_budget = 141e9 * 0.9 - tp8["weights_bytes_per_gpu"] - (2 << 30) - 65536 * 8192
+    assert tp8["kv_capacity_tokens_per_gpu"] == int(tp8_budget // (61 * MLA_LAYER))
     assert dcp["persistent_kv_bytes_per_gpu"] == one_m // 8 * 61 * MLA_LAYER
-    budget = 141e9 * 0.9 - dcp["weights_bytes_per_gpu"] - (2 << 30) - 65536 * 8192
+    gathered_prefix = one_m * MLA_LAYER  # one layer's latents, while a prefill runs
+    budget = (141e9 * 0.9 - dcp["weights_bytes_per_gpu"] - (2 << 30) - 65536 * 8192
+              - gathered_prefix)
     assert dcp["kv_capacity_tokens_per_gpu"] == int(budget // (61 * MLA_LAYER / 8))
     blocks = dcp["kv_capacity_tokens_per_gpu"] // 64
     assert dcp["max_concurrent_requests"] == blocks // math.ceil(one_m / 64)

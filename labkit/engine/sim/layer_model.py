@@ -64,7 +64,40 @@ class LayerStepModel:
 
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
+        pp = self.layout.pp
+        stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0)
+        t_dec = np.where(work.idle & lockstep, 1, work.decode_tokens)
+        extra = self._lm_head(work.num_prefill_reqs + t_dec) + self._drafts(work.num_decode_reqs)
+        if pp == 1:
+            compute, comm = stage_compute + extra, stage_comm
+        else:
+            # A step that only continues prefills enters the pipeline behind the last
+            # one: it costs one stage. A step that decodes needs the previous step's
+            # sampled tokens: its batch goes through as M micro-batches (one per request,
+            # at most pp), taking (M + pp - 1) micro-batch stage times, bubbles included.
+            pipelined = work.num_decode_reqs.sum(axis=1, keepdims=True) == 0
+            micro = np.clip(work.num_reqs, 1, pp)
+            mb_compute, mb_comm, mb_tokens = self._stage(work, lockstep, micro)
+            slots = micro + pp - 1
+            hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(tokens), "nvlink")
+            mb_hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(mb_tokens), "nvlink")
+            compute = np.where(pipelined, stage_compute, slots * mb_compute) + extra
+            comm = np.where(pipelined, stage_comm + hand_off,
+                            slots * mb_comm + (slots - 1) * mb_hand_off)
+        shape = work.prefill_tokens.shape
+        compute = np.broadcast_to(compute, shape).astype(float)
+        comm = np.broadcast_to(comm, shape).astype(float)
+        busy = compute + comm + self.ops.step_overhead_s
+        duration = busy.max(axis=1)
+        return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
+                          temporary_kv_bytes=self._temporary_kv(work))
+
+    def _stage(self, work: StepWork, lockstep: bool, split):
+        """Compute and communication of one pipeline stage's layers, for 1/split of
+        the step's work (a micro-batch); also the tokens through one GPU."""
         lay = self.layout
+        if not np.all(np.asarray(split) == 1):
+            work = _share(work, split)
         dummy = work.idle if lockstep else np.zeros_like(work.idle)
         t_dec = np.where(dummy, 1, work.decode_tokens)
         t_pre = work.prefill_tokens
@@ -76,32 +109,14 @@ class LayerStepModel:
             group = tokens
         else:
             group = replica.sum(axis=1, keepdims=True) if lockstep else replica
-
         attn, attn_comm = self._attention_layer(work, tokens, t_dec)
         mlp, mlp_comm = self._mlp_layer(tokens, group)
         linear = self._linear_layer(work, tokens)
-        stage_compute = (self.full_layers * attn + self.moe_layers * mlp[1]
-                         + self.dense_layers * mlp[0] + self.linear_layers * linear)
-        stage_comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
-                      + self.dense_layers * mlp_comm[0])
-        head = self._lm_head(work.num_prefill_reqs + t_dec)
-        draft = self._drafts(work.num_decode_reqs)
-
-        pp = lay.pp
-        pipelined = (work.num_decode_reqs.sum(axis=1, keepdims=True) == 0) if pp > 1 else True
-        stages = np.where(pipelined, 1, pp)
-        compute = stages * stage_compute + head + draft
-        comm = stages * stage_comm
-        if pp > 1:  # activations cross each stage boundary the step waits on
-            hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(tokens), "nvlink")
-            comm = comm + np.where(pipelined, 1, pp - 1) * hand_off
-        shape = work.prefill_tokens.shape
-        compute = np.broadcast_to(compute, shape).astype(float)
-        comm = np.broadcast_to(comm, shape).astype(float)
-        busy = compute + comm + self.ops.step_overhead_s
-        duration = busy.max(axis=1)
-        return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
-                          temporary_kv_bytes=self._temporary_kv(work))
+        compute = (self.full_layers * attn + self.moe_layers * mlp[1]
+                   + self.dense_layers * mlp[0] + self.linear_layers * linear)
+        comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
+                + self.dense_layers * mlp_comm[0])
+        return compute, comm, tokens
 
     # ------------------------------------------------------------- attention
     def _attention_layer(self, work: StepWork, tokens, t_dec):
@@ -126,9 +141,14 @@ class LayerStepModel:
             proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
         core = self._decode_core(work) + self._prefill_core(work)
         comm = 0.0
-        new_kv = work.prefill_tokens
-        for op, nbytes, n in self.placement.comm_per_layer(tokens, new_kv,
-                                                           work.kv_read_tokens).values():
+        # DCP runs attention over token shards (gather queries, merge partial outputs)
+        # for decode, and for prefill unless the chunk gathers the KV instead
+        p = self.placement
+        gathered = self.layout.pcp > 1 or p.gathers_prefix_for_prefill()
+        sharded = t_dec if gathered else tokens
+        collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
+                                       _prefill_prefix(work), sharded)
+        for op, nbytes, n in collectives.values():
             comm = comm + ops.collective(op, nbytes, n)
         return proj + core, comm
 
@@ -159,8 +179,10 @@ class LayerStepModel:
         m, lay, ops = self.model, self.layout, self.ops
         rank, new, ctx = work.prefill_chunks
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
-        # PCP ranks gather the whole KV for their queries; DCP alone keeps shards
-        shard = 1 if lay.pcp > 1 else lay.dcp
+        # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
+        # for their queries; otherwise DCP ranks attend over their own shards
+        gathered = lay.pcp > 1 or self.placement.gathers_prefix_for_prefill()
+        shard = 1 if gathered else lay.dcp
         prefix = (ctx + (new - queries) / 2) / shard
         heads = self.heads * (lay.dcp if shard > 1 else 1)
         q = np.maximum(queries, 1)
@@ -183,7 +205,7 @@ class LayerStepModel:
                              m.kv_lora_rank, "bf16")
         per_rank = np.zeros(work.prefill_tokens.shape[1])
         np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
-        return per_rank[None, :]
+        return per_rank[None, :] / work.chunk_share
 
     # -------------------------------------------------------------------- mlp
     def _mlp_layer(self, tokens, group):
@@ -250,9 +272,26 @@ class LayerStepModel:
         if lay.pcp > 1 and lay.dcp > 1:
             prefill_kv = work.kv_read_tokens - (work.decode_context + work.decode_tokens)
             return prefill_kv * per_layer
+        if p.gathers_prefix_for_prefill():
+            return _prefill_prefix(work) * per_layer
         if lay.kvpp > 1:
             return work.kv_read_tokens * per_layer
         return np.zeros(work.prefill_tokens.shape)
+
+
+def _share(work: StepWork, split) -> StepWork:
+    """1/split of a step's work: a micro-batch of its requests."""
+    fields = {f: getattr(work, f) / split for f in (
+        "prefill_tokens", "decode_tokens", "num_prefill_reqs", "num_decode_reqs",
+        "kv_read_tokens", "prefill_pairs", "decode_pairs", "decode_context")}
+    return StepWork(**fields, idle=work.idle, prefill_chunks=work.prefill_chunks,
+                    chunk_share=split)
+
+
+def _prefill_prefix(work: StepWork):
+    """Cached tokens the step's prefill chunks attend over, summed."""
+    return (work.kv_read_tokens - work.decode_context - work.decode_tokens
+            - work.prefill_tokens)
 
 
 def _tp_allreduce(placement: Placement, tokens) -> dict:

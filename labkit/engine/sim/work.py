@@ -29,6 +29,7 @@ class StepWork:
     # One step only: every prefill chunk as (rank, new tokens, context) columns, so a
     # cost model can price each chunk's attention on its own shape.
     prefill_chunks: tuple | None = None
+    chunk_share: object = 1.0  # a micro-batch carries 1 / chunk_share of those chunks
 
     def __post_init__(self) -> None:
         if self.decode_context is None:
@@ -72,7 +73,7 @@ class StepWork:
     def head(self, k: int) -> StepWork:
         """The first k steps."""
         return StepWork(*(getattr(self, f)[:k] for f in StepWork.__slots__[:9]),
-                        prefill_chunks=self.prefill_chunks)
+                        prefill_chunks=self.prefill_chunks, chunk_share=self.chunk_share)
 
 
 @dataclass(slots=True)
