@@ -5,9 +5,14 @@
     engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200")
     result = engine.replay(trace, concurrency=16, duration_s=300)
     result.summary, result.requests, result.steps
+
+    CostModel("h200").step_time("deepseek-v3", "tp8xdcp8", [{"new_tokens": 1, "context": 8192}])
+    capacity("deepseek-v3", "tp8xdcp8", "h200", context=1_000_000)
 """
 
+from labkit.costmodel import CostModel
 from labkit.engine import Engine, EventBus, ReplayResult, Request
+from labkit.engine.capacity import capacity, capacity_table
 from labkit.specs import (
     HARDWARE_PRESETS, MODEL_PRESETS, EngineConfig, HardwareSpec, Layout, ModelSpec,
     get_hardware, get_model,
@@ -16,9 +21,9 @@ from labkit.traces import Trace, TraceError, TraceRequest, generate_agentx_trace
     trace_stats, write_trace
 
 __all__ = [
-    "Engine", "EngineConfig", "EventBus", "HARDWARE_PRESETS", "HardwareSpec", "Layout",
-    "MODEL_PRESETS", "ModelSpec", "ReplayResult", "Request", "Trace", "TraceError",
-    "TraceRequest", "generate_agentx_trace", "get_hardware", "get_model", "load_trace",
-    "trace_stats", "write_trace",
+    "CostModel", "Engine", "EngineConfig", "EventBus", "HARDWARE_PRESETS", "HardwareSpec",
+    "Layout", "MODEL_PRESETS", "ModelSpec", "ReplayResult", "Request", "Trace", "TraceError",
+    "TraceRequest", "capacity", "capacity_table", "generate_agentx_trace", "get_hardware",
+    "get_model", "load_trace", "trace_stats", "write_trace",
 ]
 __version__ = "0.1.0"

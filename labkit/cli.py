@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sessions", type=int, required=True)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--block-size", type=int, default=64)
+    gen.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="a generator knob (see labkit.traces.AgentXParams), repeatable, "
+                          "e.g. --param context_window_tokens=200000")
     gen.add_argument("--out", required=True)
     stats = tsub.add_parser("stats", help="statistics of a trace")
     stats.add_argument("file")
@@ -88,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
     replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
     replay.add_argument("--backend", default="sim", choices=["sim"])
+    replay.add_argument("--cost-model", default="calibrated", choices=["calibrated", "roofline"],
+                        help="step times: kernels fitted on measured H100 latencies "
+                             "(default), or a first-order roofline")
     loop = replay.add_mutually_exclusive_group(required=True)
     loop.add_argument("--concurrency", type=int, help="closed loop: sessions in flight")
     loop.add_argument("--open-loop", action="store_true", help="arrive at trace timestamps")
@@ -147,7 +153,8 @@ def _trace(args) -> int:
     if args.trace_command == "gen":
         if args.sessions < 1:
             raise ConfigError(f"--sessions {args.sessions} must be >= 1")
-        trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=args.block_size)
+        trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=args.block_size,
+                                      **_generator_params(args.param))
         write_trace(trace, args.out)
         print(f"wrote {len(trace.requests)} requests in {args.sessions} sessions to {args.out}")
         return 0
@@ -161,6 +168,26 @@ def _trace(args) -> int:
     return 0
 
 
+def _generator_params(pairs: list[str]) -> dict:
+    from dataclasses import fields
+
+    from labkit.traces import AgentXParams
+
+    known = {f.name: f.type for f in fields(AgentXParams)}
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in known:
+            raise ConfigError(f"--param {pair!r}: expected NAME=VALUE with NAME one of "
+                              f"{', '.join(known)}")
+        kind = known[name] if not isinstance(known[name], str) else eval(known[name])
+        try:
+            params[name] = kind(value)
+        except ValueError:
+            raise ConfigError(f"--param {pair!r}: {value!r} is not a {kind.__name__}") from None
+    return params
+
+
 def _replay(args) -> int:
     from labkit.engine import Engine
     from labkit.traces import load_trace
@@ -169,7 +196,7 @@ def _replay(args) -> int:
         raise ConfigError("--concurrency needs --duration-s (or --no-loop-trace)")
     trace = load_trace(args.trace, format=args.format)
     engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
-                    backend=args.backend, **knobs_from_args(args))
+                    backend=args.backend, cost_model=args.cost_model, **knobs_from_args(args))
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                            open_loop=args.open_loop, warmup_s=args.warmup_s,

@@ -146,3 +146,39 @@ def test_unchunkable_prompt_is_refused_before_the_run(capsys, trace_file):
                        "--layout", "dep16", "--concurrency", "1", "--duration-s", "10",
                        "--max-model-len", "2000000", "--no-enable-chunked-prefill")
     assert code == 2 and "enable_chunked_prefill" in err
+
+
+def test_capacity_json_and_table(capsys):
+    code, out, _ = run(capsys, "capacity", "--model", "deepseek-v3", "--layout", "tp8xdcp8",
+                       "--hardware", "h200", "--context", "131072", "--kv-dtype", "fp8",
+                       "--json")
+    assert code == 0
+    r = json.loads(out)
+    for key in ["gpus", "weights_bytes_per_gpu", "kv_bytes_per_token",
+                "persistent_kv_bytes_per_gpu", "temporary_kv_bytes_per_gpu",
+                "kv_capacity_tokens_per_gpu", "max_concurrent_requests", "fits"]:
+        assert key in r
+    assert r["kv_bytes_per_token"] == 61 * 576  # fp8 latent, one copy of the model
+    assert r["persistent_kv_bytes_per_gpu"] == 131072 // 8 * 61 * 576
+    code, out, _ = run(capsys, "capacity", "--model", "deepseek-v3", "--layout",
+                       "tp8,tp8xdcp8,dep16", "--context", "1000000")
+    assert code == 0 and "tp8xdcp8" in out and "dep16" in out
+    code, _, err = run(capsys, "capacity", "--model", "llama-3.1-8b", "--layout", "tp8xdcp2",
+                       "--context", "1000")
+    assert code == 2 and "dcp2" in err
+    code, _, err = run(capsys, "capacity", "--model", "deepseek-v3", "--layout", "tp1",
+                       "--context", "1000")
+    assert code == 0  # does not fit: says so in the table rather than failing
+
+
+def test_trace_gen_params(capsys, tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    code, _, err = run(capsys, "trace", "gen", "--sessions", "2", "--out", path,
+                       "--param", "context_window_tokens=200000",
+                       "--param", "compact_threshold_tokens=150000")
+    assert code == 0, err
+    code, out, _ = run(capsys, "trace", "stats", path, "--json")
+    assert code == 0 and json.loads(out)["sessions"] == 2
+    code, _, err = run(capsys, "trace", "gen", "--sessions", "2", "--out", path,
+                       "--param", "bogus=1")
+    assert code == 2 and "context_window_tokens" in err
