@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast demo bench install clean
+.PHONY: lab test test-fast demo bench notebooks install clean
 
 # Create the virtual environment and install labkit with its lab and test extras.
 # torch is pinned to 2.13.0 in pyproject.toml (see README: the CPU wheel).
@@ -32,6 +32,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/labkit bench sim
+	$(BIN)/labkit bench costmodel
+	$(BIN)/labkit bench layouts --quick
+
+# Re-execute every notebook in place (after a change that moves their numbers).
+notebooks: $(STAMP)
+	for nb in notebooks/*.ipynb notebooks/tutorials/*.ipynb notebooks/experiments/*.ipynb; do \
+		(cd $$(dirname $$nb) && $(CURDIR)/$(BIN)/jupyter nbconvert --to notebook --execute \
+			--inplace --ExecutePreprocessor.store_widget_state=False $$(basename $$nb)) || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -3,7 +3,9 @@
     labkit trace gen --kind agentx --sessions N --seed S --out FILE.jsonl
     labkit trace stats FILE [--format auto|labkit|mooncake] [--json]
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
-    labkit bench sim
+    labkit capacity --model M --layout L --hardware H --context N [--json]
+    labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
+    labkit bench sim | costmodel | layouts
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
 from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
@@ -122,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="MTP drafts (their layers' weights and KV count too)")
     cap.add_argument("--json", action="store_true")
 
+    from labkit.experiments.cli import add_sweep_parser
+
+    add_sweep_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target", choices=["sim", "costmodel", "layouts"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
@@ -137,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             return _replay(args)
         if args.command == "capacity":
             return _capacity(args)
+        if args.command == "sweep":
+            from labkit.experiments.cli import run_sweep_command
+
+            return run_sweep_command(args)
         if args.command == "bench":
             from labkit.bench import run_bench
 

@@ -191,6 +191,10 @@ class Engine:
             if kind == _COMMIT:
                 return True
 
+    def has_events(self) -> bool:
+        """Is anything left to happen before `stop_s`?"""
+        return self._next_time() < self.stop_s
+
     def run_until(self, t: float = math.inf) -> None:
         """Process every event before time t (everything, by default)."""
         self.stop_s = t
@@ -291,6 +295,23 @@ class Engine:
 
         return replay(self, trace, concurrency=concurrency, duration_s=duration_s,
                       open_loop=open_loop, **options)
+
+    def result(self, warmup_s: float = 0.0):
+        """Requests, steps and summary of everything the engine has done so far — for
+        runs driven by hand with `submit` and `step` / `run_until`."""
+        from labkit.engine.metrics import collect_result
+
+        return collect_result(self, warmup_s=warmup_s, end_s=max(self.now, warmup_s),
+                              wall_s=0.0)
+
+    def start_replay(self, trace, concurrency: int | None = None,
+                     duration_s: float | None = None, open_loop: bool = False, **options):
+        """Set a replay up without running it: then `engine.step()` step by step (what
+        the notebook dashboard does), `run.finish()`, and `run.result()` any time."""
+        from labkit.engine.replay import start_replay
+
+        return start_replay(self, trace, concurrency=concurrency, duration_s=duration_s,
+                            open_loop=open_loop, **options)
 
 
 def _with_dcp_knob(layout: Layout, dcp: int | None) -> Layout:

@@ -80,6 +80,20 @@ class RequestFinished(Event):
 
 # --------------------------------------------------------------------- steps
 @dataclass(slots=True)
+class StepStarted(Event):
+    """An instance began a step — or, fast-forwarding, a run of `steps` decode steps
+    (`end` is when it is planned to finish; an arrival may cut a run short)."""
+
+    kind: ClassVar[str] = "step_started"
+    instance: int
+    ranks: list[int]
+    step_index: int  # index of the first step
+    steps: int
+    end: float
+    requests: list[list[str]]  # per rank, the requests computing in it
+
+
+@dataclass(slots=True)
 class StepsCompleted(Event):
     """One or more consecutive steps of one instance, column by column.
 
@@ -162,6 +176,19 @@ class Forked(Event):
     child_id: str
     blocks: np.ndarray  # shared physical blocks
     num_tokens: int
+
+
+@dataclass(slots=True)
+class KVFetched(Event):
+    """A call routed away from the rank holding its session's KV: that prefix is
+    copied over from `src_rank` (blocks on `rank` held meanwhile)."""
+
+    kind: ClassVar[str] = "kv_fetched"
+    rank: int
+    request_id: str
+    src_rank: int
+    num_tokens: int
+    seconds: float
 
 
 @dataclass(slots=True)

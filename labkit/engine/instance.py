@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
-from labkit.engine.events import EventBus, StepsCompleted
+from labkit.engine.events import EventBus, StepsCompleted, StepStarted
 from labkit.engine.sim.work import StepTiming, StepWork
 
 MAX_RUN_STEPS = 512
@@ -87,7 +87,17 @@ class Instance:
         plan = plan or self._plan_step(now)
         if plan is not None:
             self.last_step_s = float(plan.timing.duration[-1])
+            if self.events.wants(StepStarted):
+                self._emit_started(plan)
         return plan
+
+    def _emit_started(self, plan: Plan) -> None:
+        if plan.run is not None:
+            per_rank = [[r.request_id for r in s.running] for s in self.schedulers]
+        else:
+            per_rank = [[r.request_id for r in b.requests] for b in plan.batches]
+        self.events.emit(StepStarted(plan.start, self.index, self.ranks, self.step_index,
+                                     plan.steps, plan.end, per_rank))
 
     def _can_fast_forward(self) -> bool:
         if not (self.config.sim_fast_forward and self.data_plane.supports_runs):

@@ -86,6 +86,13 @@ class Placement:
         return max(1, self.kv_heads // self.layout.tp) if not self.model.is_mla else 1
 
     @property
+    def dcp_heads_per_gpu(self) -> float:
+        """Query heads a GPU attends for under DCP: its own TP heads and those of the
+        TP ranks sharing its KV shard group (all heads when the group is PCP ranks)."""
+        lay = self.layout
+        return self.model.num_heads / lay.tp * min(lay.dcp, lay.tp)
+
+    @property
     def layers_per_stage(self) -> int:
         return -(-self.model.num_layers // self.layout.pp)
 
@@ -226,14 +233,18 @@ class Placement:
             out["tp_allreduce"] = ("all_reduce", tokens * h * ACT_BYTES, lay.tp)
         queries = tokens if sharded_query_tokens is None else sharded_query_tokens
         if lay.dcp > 1 and np.any(queries):
-            heads = m.num_heads / lay.tp
             q_dim = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else m.head_dim
             v_dim = m.kv_lora_rank if m.is_mla else m.head_dim
-            gathered = queries * heads * lay.dcp * q_dim * ACT_BYTES  # every head it serves
-            out["dcp_gather_q"] = ("all_gather", gathered, lay.dcp)
-            # partial outputs of every head, plus one fp32 log-sum-exp per head
-            partial = queries * m.num_heads * (v_dim * ACT_BYTES + 4) / (lay.tp / lay.dcp)
-            out["dcp_merge"] = ("reduce_scatter", partial, lay.dcp)
+            served = self.dcp_heads_per_gpu
+            # partial outputs of every head served, plus one fp32 log-sum-exp per head
+            partial = queries * served * (v_dim * ACT_BYTES + 4)
+            tp_in_group = min(lay.dcp, lay.tp)
+            if tp_in_group > 1:  # gather the queries of the TP ranks sharing this KV
+                out["dcp_gather_q"] = ("all_gather", queries * served * q_dim * ACT_BYTES,
+                                       tp_in_group)
+                out["dcp_merge"] = ("reduce_scatter", partial, lay.dcp)
+            else:  # PCP ranks already hold every head: merge, everyone keeps the result
+                out["dcp_merge"] = ("all_reduce", partial, lay.dcp)
         if self.gathers_prefix_for_prefill() and np.any(prefill_prefix_tokens):
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
             out["dcp_gather_prefix"] = ("all_gather", prefill_prefix_tokens * per_layer, lay.dcp)
@@ -282,6 +293,14 @@ def check_layout(model: ModelSpec, layout: Layout) -> None:
                 f"layout {layout.text!r}: dcp{layout.dcp} cannot shard {model.name}'s KV: "
                 f"with {heads} KV head(s) over tp*pcp = {layout.tp * layout.pcp} GPUs only "
                 f"{limit}x replication exists to remove (dcp <= tp*pcp/kv_heads)"
+            )
+    if layout.kvpp > 1:
+        limit = max(1, layout.tp // heads)
+        if layout.kvpp > limit:
+            raise ConfigError(
+                f"layout {layout.text!r}: kvpp{layout.kvpp} needs KV replicated across "
+                f"the TP group, but {model.name}'s {heads} KV head(s) over tp{layout.tp} "
+                f"leave only {limit}x (kvpp <= tp/kv_heads)"
             )
     if layout.kvpp > 1 and layout.kvpp > model.num_full_attention_layers:
         raise ConfigError(f"layout {layout.text!r}: kvpp{layout.kvpp} exceeds "

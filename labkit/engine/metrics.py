@@ -149,13 +149,27 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_samples: np.ndarr
         "tpgs": physical / window / gpus,
         "prefix_cache_hit_rate": (float(admitted["cached_tokens"].sum()) / input_total
                                   if input_total else 0.0),
+        # the part of it served by the rank's own cache (not fetched from another rank)
+        "prefix_cache_local_hit_rate": (
+            float((admitted["cached_tokens"] - admitted["fetched_tokens"]).sum()) / input_total
+            if input_total else 0.0),
         "kv_cache_usage_peak": float(steps["kv_usage"].max()) if len(steps) else 0.0,
         "preemptions": int(requests["preemptions"].sum()) if len(requests) else 0,
         "kv_fetched_tokens": int(requests["fetched_tokens"].sum()) if len(requests) else 0,
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "stall_s_per_rank_mean": float(steps["stall_s"].sum() / max(steps["rank"].nunique(), 1))
         if len(steps) else 0.0,
+        # share of the window a rank spent waiting for the slowest (lockstep), on average
+        "stall_share": _stall_share(steps, warmup_s, end_s),
     }
+
+
+def _stall_share(steps: pd.DataFrame, start: float, end: float) -> float:
+    if not len(steps) or end <= start:
+        return 0.0
+    window = steps[(steps["start_s"] >= start) & (steps["start_s"] < end)]
+    ranks = max(steps["rank"].nunique(), 1)
+    return float(window["stall_s"].sum() / ranks / (end - start))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -182,12 +183,39 @@ class ClosedLoop:
         self.feeder.start_session(self.sessions[index], epoch, t, skip)
 
 
-def replay(engine, trace, concurrency: int | None = None, duration_s: float | None = None,
-           open_loop: bool = False, warmup_s: float = 0.0, max_idle_s: float | None = None,
-           start_part_way: bool = True, loop_trace: bool = True,
-           progress: bool = False) -> ReplayResult:
-    """See `Engine.replay`. Closed loop: `concurrency` sessions for `duration_s`;
-    with loop_trace=False each session runs once and duration_s may be omitted."""
+@dataclass(slots=True)
+class ReplayRun:
+    """A replay set up on an engine: drive it with `engine.step()` (or `finish`), and
+    collect its tables at any moment with `result()`."""
+
+    engine: object
+    trace: object
+    duration_s: float | None
+    warmup_s: float
+    extra: dict
+    wall_start: float
+
+    @property
+    def total_s(self) -> float:
+        return self.duration_s or _last_timestamp(self.trace) or 1.0
+
+    def finish(self, progress: bool = False) -> ReplayResult:
+        _run(self.engine, progress, self.total_s)
+        return self.result()
+
+    def result(self) -> ReplayResult:
+        engine = self.engine
+        done = not engine.has_events()
+        end = self.duration_s if self.duration_s is not None and done else engine.now
+        return collect_result(engine, warmup_s=self.warmup_s, end_s=end,
+                              wall_s=time.perf_counter() - self.wall_start, extra=self.extra)
+
+
+def start_replay(engine, trace, concurrency: int | None = None,
+                 duration_s: float | None = None, open_loop: bool = False,
+                 warmup_s: float = 0.0, max_idle_s: float | None = None,
+                 start_part_way: bool = True, loop_trace: bool = True) -> ReplayRun:
+    """Check the inputs and schedule the trace's arrivals; nothing runs yet."""
     if open_loop == (concurrency is not None):
         raise ConfigError("give either concurrency (closed loop) or open_loop=True")
     if concurrency is not None and concurrency < 1:
@@ -207,12 +235,20 @@ def replay(engine, trace, concurrency: int | None = None, duration_s: float | No
             feeder.start_session(session, 0, 0.0)
     else:
         ClosedLoop(feeder, concurrency, start_part_way, loop_trace)
-    end = math.inf if duration_s is None else duration_s
-    _run(engine, end, progress, total=duration_s or _last_timestamp(trace) or 1.0)
-    sim_end = end if duration_s is not None else engine.now
-    return collect_result(engine, warmup_s=warmup_s, end_s=sim_end,
-                          wall_s=time.perf_counter() - wall,
-                          extra={"concurrency": concurrency, "open_loop": open_loop})
+    engine.stop_s = math.inf if duration_s is None else duration_s
+    return ReplayRun(engine, trace, duration_s, warmup_s,
+                     {"concurrency": concurrency, "open_loop": open_loop}, wall)
+
+
+def replay(engine, trace, concurrency: int | None = None, duration_s: float | None = None,
+           open_loop: bool = False, warmup_s: float = 0.0, max_idle_s: float | None = None,
+           start_part_way: bool = True, loop_trace: bool = True,
+           progress: bool = False) -> ReplayResult:
+    """See `Engine.replay`. Closed loop: `concurrency` sessions for `duration_s`;
+    with loop_trace=False each session runs once and duration_s may be omitted."""
+    run = start_replay(engine, trace, concurrency, duration_s, open_loop, warmup_s,
+                       max_idle_s, start_part_way, loop_trace)
+    return run.finish(progress)
 
 
 def _last_timestamp(trace) -> float:
@@ -220,8 +256,7 @@ def _last_timestamp(trace) -> float:
     return max(stamps) if stamps else 0.0
 
 
-def _run(engine, end: float, progress: bool, total: float) -> None:
-    engine.stop_s = end
+def _run(engine, progress: bool, total: float) -> None:
     if not progress:
         while engine.step():
             pass

@@ -24,7 +24,9 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
+from labkit.engine.events import (
+    EventBus, FirstToken, KVFetched, RequestPreempted, RequestScheduled,
+)
 from labkit.engine.kv.kv_manager import NO_MATCH, KVManager, PrefixMatch
 from labkit.engine.request import Request, Status
 from labkit.specs.config import EngineConfig
@@ -190,6 +192,10 @@ class Scheduler:
                 req.num_computed_tokens = fetch_tokens
                 req.num_fetched_tokens = fetch_tokens - cached
                 req.kv_ready_s = self.now + fetch_s
+                if self.events.wants(KVFetched):
+                    self.events.emit(KVFetched(self.now, self.rank, req.request_id,
+                                               req.prefix_hint.rank, req.num_fetched_tokens,
+                                               fetch_s))
                 self._start(req)
                 continue
             if not self.kv.allocate(req, n, match):

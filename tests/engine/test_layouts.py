@@ -155,6 +155,15 @@ def test_collectives_per_layer():
     pcp = place(DSV3, "pcp8xdcp8xep8").comm_per_layer(tokens=512, new_kv_tokens=4096)
     assert pcp["pcp_gather_kv"] == ("all_gather", 4096 * MLA_LAYER, 8)  # output: all new KV
     assert "tp_allreduce" not in place(DSV3, "dep16").comm_per_layer(tokens=10)
+    # PCPxDCP: the DCP group is PCP ranks that already hold every head: no query
+    # gather, and every rank keeps the merged output (all-reduce of 128 heads)
+    both = place(DSV3, "pcp8xdcp8xep8").comm_per_layer(tokens=16)
+    assert "dcp_gather_q" not in both
+    assert both["dcp_merge"] == ("all_reduce", 16 * 128 * (512 * 2 + 4), 8)
+    # Kimi-K2 tp16xdcp8: 4 heads a rank, KV shared by groups of 8 TP ranks
+    k2 = place(get_model("kimi-k2"), "tp16xdcp8").comm_per_layer(tokens=2)
+    assert k2["dcp_gather_q"] == ("all_gather", 2 * 32 * 576 * 2, 8)
+    assert k2["dcp_merge"] == ("reduce_scatter", 2 * 32 * (512 * 2 + 4), 8)
 
 
 # ---------------------------------------------------------------- bad layouts
@@ -166,6 +175,7 @@ def test_collectives_per_layer():
     (DSV3, "tp8xep3", ["ep3"]),
     (DSV3, "tp8xkvpp3", ["kvpp3"]),
     (L8, "pp64", ["pp64", "layers"]),
+    (L70, "tp8xkvpp8", ["kvpp8", "kv_heads"]),        # GQA tp8: no replication to spread
 ])
 def test_impossible_layouts_are_refused(model, layout, words):
     with pytest.raises(ConfigError) as err:

@@ -101,3 +101,44 @@ def test_event_subscription_costs_nothing_when_unused():
         assert engine.events.wants(FirstToken)
     assert not engine.events.wants(FirstToken)
     del everything
+
+
+def test_every_event_type_is_documented():
+    import inspect
+    from pathlib import Path
+
+    from labkit.engine import events
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "events.md").read_text()
+    kinds = [c for _, c in inspect.getmembers(events, inspect.isclass)
+             if issubclass(c, events.Event) and c is not events.Event]
+    assert len(kinds) >= 15
+    for cls in kinds:
+        assert f"`{cls.__name__}`" in doc, cls.__name__
+        for name in cls.__dataclass_fields__:
+            if name != "t":
+                assert name in doc, f"{cls.__name__}.{name}"
+
+
+def test_result_of_a_hand_driven_run_and_local_hit_rate():
+    engine = Engine("llama-3.1-8b", "dp2", "h200", router="round_robin")
+    engine.start_replay(small_agentx(4, seed=6), concurrency=3, duration_s=60,
+                        start_part_way=False)
+    for _ in range(200):
+        engine.step()
+    result = engine.result()
+    req = result.requests
+    assert len(req) > 5 and result.summary["sim_duration_s"] == engine.now
+    admitted = req[req["first_scheduled_s"].notna()]
+    local = (admitted["cached_tokens"] - admitted["fetched_tokens"]).sum()
+    assert result.summary["prefix_cache_local_hit_rate"] == pytest.approx(
+        local / admitted["input_tokens"].sum())
+    assert result.summary["prefix_cache_local_hit_rate"] < \
+        result.summary["prefix_cache_hit_rate"]  # round robin moves sessions: fetches
+
+
+def test_stall_share_is_the_mean_waiting_fraction(run):
+    _, result, _ = run
+    st = result.steps
+    window = st[(st["start_s"] >= 10) & (st["start_s"] < 90)]
+    assert result.summary["stall_share"] == pytest.approx(window["stall_s"].sum() / 2 / 80)

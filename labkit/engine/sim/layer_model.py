@@ -158,7 +158,7 @@ class LayerStepModel:
         busy = b > 0
         safe_b = np.maximum(b, 1)
         ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
-        heads = self.heads * lay.dcp  # ...for the queries of every head it shares KV with
+        heads = self.placement.dcp_heads_per_gpu  # ...for every head sharing the shard
         if m.has_indexer:
             topk = np.minimum(ctx * lay.dcp, m.index_topk) / lay.dcp
             t = ops.sparse_attention(safe_b, self.width, np.maximum(topk, 1), heads,
@@ -184,7 +184,7 @@ class LayerStepModel:
         gathered = lay.pcp > 1 or self.placement.gathers_prefix_for_prefill()
         shard = 1 if gathered else lay.dcp
         prefix = (ctx + (new - queries) / 2) / shard
-        heads = self.heads * (lay.dcp if shard > 1 else 1)
+        heads = self.placement.dcp_heads_per_gpu if shard > 1 else self.heads
         q = np.maximum(queries, 1)
         if m.has_indexer:
             topk = np.minimum(ctx + new / 2, m.index_topk) / shard

@@ -1,0 +1,447 @@
+"""Parameter sweeps over an experiment notebook, run with papermill.
+
+A sweep is the cartesian product of lists of parameter values. Every point runs the
+notebook once with papermill, in its own worker process (`jobs` at a time), with
+``output_dir = OUT/<run name>`` injected next to the point's parameters; the executed
+notebook is kept at ``OUT/<run name>/notebook.ipynb``. A failing point is reported
+(on stderr and in the results) and the others go on. At the end ``OUT/results.parquet``
+holds one row per run, written atomically.
+
+**Run names** are deterministic and readable: the point's index in the grid (zero
+padded, so names sort in grid order), then ``name=value`` for every parameter that
+takes more than one value in the sweep, in the order the parameters were given, joined
+by commas — e.g. ``03_layout=tp2,concurrency=8``. Values are sanitised for file names
+(anything outside ``[A-Za-z0-9._+-]`` becomes ``_``) and the name is cut at 120
+characters; the index keeps names unique whatever the sanitising does. A sweep in which
+no parameter varies has runs named by their index alone (``00``).
+
+**results.parquet** columns, in this order:
+
+- one column per swept parameter (those given with ``-p``, single values included),
+  holding the value the run was given; a column whose values mix types (``None`` aside)
+  is stored as text;
+- ``run`` (its directory name under OUT), ``status`` (``"ok"`` or ``"failed"``),
+  ``error`` (``None``, or ``"ExceptionName: message"`` for a failed run), ``run_s``
+  (wall seconds the run took, kernel start included);
+- the run's ``summary.json``, flattened (nested keys joined with ``.``): each key
+  keeps its own name (``throughput_tok_s_per_gpu``, ``interactivity_p90_tok_s``, ...)
+  unless that name is already a column above — a swept parameter such as
+  ``concurrency`` or ``layout`` — in which case it is written as ``summary.<key>``.
+  A failed run has nulls there. A run whose notebook finished without writing
+  ``summary.json`` into its ``output_dir`` counts as failed.
+
+``OUT/sweep.json`` (written before the first run) records the notebook, the swept
+parameters and their values, and the run names.
+
+Bad input — a notebook that does not exist or has no cell tagged ``parameters``, a
+parameter that cell does not define, an ``output_dir`` the cell lacks, a malformed or
+repeated value list, an OUT directory that already holds files (without
+``overwrite``) — raises `SweepInputError` before anything runs or is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from labkit.errors import ConfigError
+
+OUTPUT_PARAMETER = "output_dir"
+RESERVED_COLUMNS = ("run", "status", "error", "run_s")
+RUN_NOTEBOOK = "notebook.ipynb"
+SUMMARY_FILE = "summary.json"
+RESULTS_FILE = "results.parquet"
+PLAN_FILE = "sweep.json"
+MAX_NAME_CHARS = 120
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+class SweepInputError(ConfigError):
+    """A sweep that cannot start: the message names the problem."""
+
+
+# --------------------------------------------------------------------------- values
+def parse_value(text: str):
+    """One ``-p`` value, typed as papermill types them: ``True``/``False``, ``None``,
+    ints, floats, else the string itself. YAML spellings ``true``, ``false``, ``null``,
+    ``none`` and ``~`` are accepted too. A value in quotes (``'8'``, ``"a,b"``) is a
+    string, as written."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    word = text.strip()
+    if word in ("True", "true"):
+        return True
+    if word in ("False", "false"):
+        return False
+    if word in ("None", "none", "null", "~"):
+        return None
+    try:
+        return int(word)
+    except ValueError:
+        pass
+    try:
+        return float(word)
+    except ValueError:
+        return text
+
+
+def parse_values(name: str, text: str) -> list:
+    """``"tp1,tp2"`` -> ``["tp1", "tp2"]``; commas inside quotes do not split."""
+    parts, current, quote = [], [], None
+    for ch in text:
+        if quote:
+            current.append(ch)
+            if ch == quote:
+                quote = None
+        elif ch in "'\"" and not "".join(current).strip():
+            quote = ch
+            current = [ch]
+        elif ch == ",":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if quote:
+        raise SweepInputError(f"-p {name} {text!r}: unbalanced quote")
+    parts.append("".join(current))
+    if any(not p.strip() for p in parts):
+        raise SweepInputError(f"-p {name} {text!r}: empty value (values are separated by "
+                              "single commas; quote a value that contains one)")
+    return [parse_value(p.strip()) for p in parts]
+
+
+def parse_parameter_args(pairs) -> dict[str, list]:
+    """[("layout", "tp1,tp2"), ...] from ``-p`` -> {"layout": ["tp1", "tp2"], ...}."""
+    params: dict[str, list] = {}
+    for name, text in pairs or []:
+        if name in params:
+            raise SweepInputError(f"-p {name} is given twice; list all its values once, "
+                                  "separated by commas")
+        params[name] = parse_values(name, text)
+    return params
+
+
+# ----------------------------------------------------------------------------- plan
+@dataclass
+class SweepPlan:
+    notebook: Path
+    out: Path
+    parameters: dict[str, list]          # swept name -> values, in the order given
+    points: list[dict] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    cwd: Path = field(default_factory=Path.cwd)
+
+    def to_json(self) -> dict:
+        return {"notebook": str(self.notebook), "out": str(self.out), "cwd": str(self.cwd),
+                "parameters": self.parameters, "runs": self.names,
+                "points": [dict(p) for p in self.points]}
+
+
+def notebook_parameters(notebook: str | os.PathLike) -> dict[str, dict]:
+    """Parameters defined by the notebook's cell tagged ``parameters`` (papermill's
+    inspection): name -> {name, inferred_type_name, default, help}."""
+    import nbformat
+    from papermill.inspection import inspect_notebook
+
+    path = Path(notebook)
+    if not path.is_file():
+        raise SweepInputError(f"notebook {str(notebook)!r} not found")
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as err:  # nbformat raises several kinds
+        raise SweepInputError(f"{notebook}: not a readable notebook ({err})") from None
+    if not any("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells):
+        raise SweepInputError(f"{notebook}: no cell is tagged 'parameters'")
+    return inspect_notebook(str(path))
+
+
+def run_name(index: int, count: int, point: dict, varying: list[str]) -> str:
+    width = max(2, len(str(max(count - 1, 0))))
+    parts = [f"{name}={_UNSAFE.sub('_', _text(point[name]))}" for name in varying]
+    name = f"{index:0{width}d}" + ("_" + ",".join(parts) if parts else "")
+    return name[:MAX_NAME_CHARS]
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else repr(value) if isinstance(value, float) \
+        else str(value)
+
+
+def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
+               out: str | os.PathLike, overwrite: bool = False) -> SweepPlan:
+    """Check everything a sweep needs, before anything runs; raise SweepInputError."""
+    defined = notebook_parameters(notebook)
+    if OUTPUT_PARAMETER not in defined:
+        raise SweepInputError(f"{notebook}: its parameters cell does not define "
+                              f"{OUTPUT_PARAMETER!r}, where each run must write its results")
+    for name, values in parameters.items():
+        if not _NAME_RE.match(name):
+            raise SweepInputError(f"-p {name!r}: not a parameter name")
+        if name == OUTPUT_PARAMETER:
+            raise SweepInputError(f"-p {OUTPUT_PARAMETER}: the sweep sets it (OUT/<run name>)")
+        if name in RESERVED_COLUMNS:
+            raise SweepInputError(f"-p {name}: the name is reserved for a results column")
+        if name not in defined:
+            allowed = ", ".join(n for n in defined if n != OUTPUT_PARAMETER)
+            raise SweepInputError(f"{notebook}: its parameters cell does not define {name!r}; "
+                                  f"it defines: {allowed}")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise SweepInputError(f"-p {name}: give at least one value")
+        keys = [_text(v) + type(v).__name__ for v in values]
+        if len(set(keys)) != len(keys):
+            raise SweepInputError(f"-p {name}: a value is repeated in {list(values)!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SweepInputError(f"--out {str(out)!r} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise SweepInputError(f"--out {str(out)!r} already holds files; choose a new directory "
+                              "or pass --overwrite to replace this grid's runs")
+    params = {name: list(values) for name, values in parameters.items()}
+    points = [dict(zip(params, combo)) for combo in itertools.product(*params.values())]
+    varying = [name for name, values in params.items() if len(values) > 1]
+    names = [run_name(i, len(points), p, varying) for i, p in enumerate(points)]
+    return SweepPlan(Path(notebook).resolve(), out.resolve(), params, points, names)
+
+
+# ------------------------------------------------------------------------- running
+@dataclass
+class RunOutcome:
+    name: str
+    status: str          # "ok" | "failed"
+    error: str | None
+    seconds: float
+
+
+def execute_run(notebook: str, run_dir: str, parameters: dict, cwd: str,
+                timeout: float | None = None) -> tuple[str, str | None, float]:
+    """Run one point (in a worker process): papermill executes `notebook` into
+    run_dir/notebook.ipynb with `parameters` plus output_dir=run_dir. Returns
+    (status, error, seconds); never raises for a failing notebook."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    start = time.perf_counter()
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        papermill.execute_notebook(
+            notebook, os.path.join(run_dir, RUN_NOTEBOOK),
+            parameters={**parameters, OUTPUT_PARAMETER: run_dir},
+            kernel_name="python3", kernel_manager_class=this_interpreter_kernel_manager(),
+            progress_bar=False, log_output=False, cwd=cwd, execution_timeout=timeout)
+    except PapermillExecutionError as err:
+        return "failed", f"{err.ename}: {_first_line(err.evalue)}", time.perf_counter() - start
+    except Exception as err:  # kernel died, timeout, unreadable notebook ...
+        return "failed", f"{type(err).__name__}: {_first_line(str(err))}", \
+            time.perf_counter() - start
+    if not os.path.isfile(os.path.join(run_dir, SUMMARY_FILE)):
+        return "failed", (f"MissingSummary: the notebook finished without writing "
+                          f"{SUMMARY_FILE} into its {OUTPUT_PARAMETER}"), \
+            time.perf_counter() - start
+    return "ok", None, time.perf_counter() - start
+
+
+def _first_line(text: str) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def this_interpreter_kernel_manager():
+    """A kernel manager that starts the IPython kernel on *this* interpreter
+    (sys.executable), whatever a ``python3`` kernelspec elsewhere on the Jupyter path
+    points to, so a run sees the same labkit as the sweep."""
+    from ipykernel.kernelspec import RESOURCES, get_kernel_dict
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpec
+    from traitlets import default
+    import zmq
+
+    class ThisInterpreterKernelManager(AsyncKernelManager):
+        @default("transport_encryption")
+        def _encrypt_when_possible(self):
+            # CurveZMQ where pyzmq has it (and no plain-TCP warning from each kernel)
+            return "auto" if zmq.has("curve") else "disabled"
+
+        @property
+        def kernel_spec(self):
+            if self._kernel_spec is None:
+                spec = get_kernel_dict()
+                self._kernel_spec = KernelSpec(
+                    resource_dir=RESOURCES, argv=spec["argv"], language=spec["language"],
+                    display_name=spec["display_name"], metadata=spec["metadata"])
+            return self._kernel_spec
+
+    return ThisInterpreterKernelManager
+
+
+def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
+              out: str | os.PathLike, jobs: int = 1, progress: bool | None = None,
+              overwrite: bool = False, timeout: float | None = None,
+              log=None) -> pd.DataFrame:
+    """Run every point of the grid and return the results table (also written to
+    OUT/results.parquet). `parameters`: name -> list of values (Python objects).
+    `progress`: a tqdm bar over runs (None: when stderr is a terminal). Failures are
+    printed to `log` (default stderr) as they happen and kept in the table."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise SweepInputError(f"--jobs {jobs!r} must be a positive integer")
+    plan = plan_sweep(notebook, parameters, out, overwrite=overwrite)
+    log = sys.stderr if log is None else log
+    _prepare_out(plan, overwrite)
+    outcomes = _execute(plan, jobs, progress, timeout, log)
+    frame = collect_results(plan, outcomes)
+    write_parquet_atomic(frame, plan.out / RESULTS_FILE)
+    return frame
+
+
+def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
+    plan.out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        (plan.out / RESULTS_FILE).unlink(missing_ok=True)
+        for name in plan.names:
+            if (plan.out / name).is_dir():
+                shutil.rmtree(plan.out / name)
+    tmp = plan.out / f".{PLAN_FILE}.tmp"
+    tmp.write_text(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
+    os.replace(tmp, plan.out / PLAN_FILE)
+
+
+def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float | None,
+             log) -> list[RunOutcome]:
+    from tqdm.auto import tqdm
+
+    outcomes: dict[str, RunOutcome] = {}
+    show = sys.stderr.isatty() if progress is None else progress
+    # spawn: workers start clean (no inherited threads or kernel state), on every OS
+    context = multiprocessing.get_context("spawn")
+    with tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show) as bar, \
+            ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
+                                mp_context=context) as pool:
+        with _main_module_hidden():  # workers start on submit
+            futures = {
+                pool.submit(execute_run, str(plan.notebook), str(plan.out / name), point,
+                            str(plan.cwd), timeout): name
+                for name, point in zip(plan.names, plan.points)
+            }
+        failed = 0
+        for future in as_completed(futures):
+            name = futures[future]
+            try:
+                status, error, seconds = future.result()
+            except Exception as err:  # the worker process itself died
+                status, error, seconds = "failed", f"{type(err).__name__}: {err}", math.nan
+            outcomes[name] = RunOutcome(name, status, error, seconds)
+            if status != "ok":
+                failed += 1
+                message = f"labkit sweep: run {name} failed: {error}"
+                if show:
+                    bar.write(message, file=log)
+                else:
+                    print(message, file=log, flush=True)
+            bar.update(1)
+            bar.set_postfix(failed=failed, refresh=False)
+    return [outcomes[name] for name in plan.names]
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """A spawned worker re-imports the caller's ``__main__`` script unless it is
+    hidden; workers need nothing from it, and re-running it would start the sweep
+    again in a script without an ``if __name__ == "__main__"`` guard (or fail, for
+    ``python -``)."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__")
+             if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            if "__spec__" in saved:
+                main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+# ------------------------------------------------------------------------- results
+def flatten(summary: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def collect_results(plan: SweepPlan, outcomes: list[RunOutcome]) -> pd.DataFrame:
+    taken = set(plan.parameters) | set(RESERVED_COLUMNS)
+    rows = []
+    for point, outcome in zip(plan.points, outcomes):
+        row = dict(point)
+        row.update(run=outcome.name, status=outcome.status, error=outcome.error,
+                   run_s=outcome.seconds)
+        summary_path = plan.out / outcome.name / SUMMARY_FILE
+        if outcome.status == "ok" and summary_path.is_file():
+            for key, value in flatten(json.loads(summary_path.read_text())).items():
+                row[f"summary.{key}" if key in taken else key] = value
+        rows.append(row)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pd.DataFrame({c: _column([row.get(c) for row in rows]) for c in columns})
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _column(values: list) -> pd.Series:
+    """One type per column, as parquet wants: ints stay ints (nullable where a failed
+    run left a hole), ints mixed with floats become floats, other mixtures text."""
+    present = [v for v in values if not _missing(v)]
+    kinds = {type(v) for v in present}
+    holes = len(present) < len(values)
+    if not kinds:
+        return pd.Series([None] * len(values), dtype=object)
+    if kinds == {bool}:
+        return pd.Series(values, dtype="boolean" if holes else bool)
+    if kinds == {int}:
+        return pd.Series(values, dtype="Int64" if holes else "int64")
+    if kinds <= {int, float}:
+        return pd.Series([math.nan if _missing(v) else float(v) for v in values], dtype=float)
+    if kinds == {str}:
+        return pd.Series(values, dtype=object)
+    return pd.Series([None if _missing(v) else _text(v) for v in values], dtype=object)
+
+
+def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def load_plan(sweep_dir: str | os.PathLike) -> dict | None:
+    path = Path(sweep_dir) / PLAN_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def swept_parameters(results: pd.DataFrame, sweep_dir: str | os.PathLike | None = None) -> list:
+    """The parameter columns of a results table (those before ``run``)."""
+    plan = load_plan(sweep_dir) if sweep_dir is not None else None
+    if plan is not None:
+        return [p for p in plan["parameters"] if p in results.columns]
+    return list(results.columns[:list(results.columns).index("run")])
