@@ -206,6 +206,7 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
     )
 
 
-def _head(obj, k: int):
-    """The first k steps of a StepWork or StepTiming."""
-    return type(obj)(*(getattr(obj, f)[:k] for f in type(obj).__slots__))
+def _head(timing, k: int):
+    """The first k steps of a StepTiming."""
+    return type(timing)(timing.busy[:k], timing.compute[:k], timing.comm[:k],
+                        timing.duration[:k], timing.temporary_kv_bytes[:k])

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 
 from labkit.engine.capacity import kv_capacity
-from labkit.engine.events import EventBus, RequestArrived, RequestFinished
+from labkit.engine.events import EventBus, KVFetched, RequestArrived, RequestFinished
 from labkit.engine.instance import Instance
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.metrics import StepRecorder
@@ -39,9 +39,11 @@ from labkit.engine.sim.data_plane import SimDataPlane
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
+from labkit.specs.dtypes import dtype_bytes
 
-BACKENDS = ("sim",)
+BACKENDS = ("sim", "compute")
 COST_MODELS = ("calibrated", "roofline")
+COMPUTE_KV_BUDGET_BYTES = 256 * 2**20  # per GPU, compute plane, unless overridden
 KV_FETCH_LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
 KV_FETCH_LINK_EFFICIENCY = 0.8
 _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
@@ -49,27 +51,43 @@ _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
 
 class Engine:
     def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
-                 backend: str = "sim", cost_model=None, **knobs) -> None:
+                 backend: str = "sim", cost_model=None, *, device: str | None = None,
+                 dtype: str | None = None, clock: str | None = None, checkpoint=None,
+                 **knobs) -> None:
+        """`backend="sim"` costs steps with `cost_model`; `backend="compute"` runs them
+        on real tensors (`device` cpu|cuda, `dtype`, `clock` measured|predicted, an
+        optional safetensors `checkpoint`; see `labkit.engine.compute`)."""
         if backend not in BACKENDS:
             raise unknown_choice("backend", backend, BACKENDS)
+        compute_opts = {k: v for k, v in dict(device=device, dtype=dtype, clock=clock,
+                                               checkpoint=checkpoint).items() if v is not None}
+        if backend == "sim" and compute_opts:
+            raise ConfigError(f"{', '.join(compute_opts)} only apply to backend='compute'")
         self.model = get_model(model)
         self.hardware = get_hardware(hardware)
         self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
         self.layout = _with_dcp_knob(Layout.parse(layout), self.config.decode_context_parallel_size)
         self.layout.check_model(self.model)
         self.backend = backend
+        if backend == "compute" and self.model.linear_layers:
+            # a linear-attention state summarises a whole prefix: no paged reuse
+            self.config.enable_prefix_caching = False
         self.block_size = self.config.block_size or self.model.block_size
         self.max_model_len = self.config.max_model_len or self.model.max_model_len
         self.capacity = kv_capacity(self.model, self.hardware, self.layout, self.config,
                                     self.block_size, self.max_model_len)
         self.placement = self.capacity.placement
+        self.num_blocks = self.capacity.num_blocks
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
 
         self.cost_model = self._cost_model(cost_model)
-        self.data_plane = SimDataPlane(self.cost_model)
+        if backend == "compute":
+            self.data_plane = self._compute_plane(compute_opts)
+        else:
+            self.data_plane = SimDataPlane(self.cost_model)
         self.schedulers = [
-            Scheduler(self.config, KVManager(self.capacity.num_blocks, self.block_size,
+            Scheduler(self.config, KVManager(self.num_blocks, self.block_size,
                                              self.config.enable_prefix_caching, self.events, r),
                       self.events, r)
             for r in range(self.layout.num_dp_ranks)
@@ -88,6 +106,10 @@ class Engine:
             for s in self.schedulers:
                 s.remote_prefix = self._remote_prefix
         self.router = Router(self.config.router, self.schedulers, self.events)
+        if backend == "compute":
+            self.events.subscribe(self._copy_fetched_kv, KVFetched)
+            self.events.subscribe(lambda e: self.data_plane.release(e.request.request_id),
+                                  RequestFinished)
 
         self.now = 0.0
         self.stop_s = math.inf
@@ -116,13 +138,38 @@ class Engine:
             raise unknown_choice("cost model", choice, COST_MODELS)
         return choice
 
+    def _compute_plane(self, opts: dict):
+        """The compute data plane, with its KV blocks capped to what fits in
+        `COMPUTE_KV_BUDGET_BYTES` per GPU (unless num_gpu_blocks_override says)."""
+        from labkit.engine.compute.data_plane import ComputeDataPlane, check_dtype
+
+        dtype = check_dtype(opts.get("dtype", "float32"))
+        if self.config.num_gpu_blocks_override is None:
+            per_token = self.placement.kv_bytes_per_token_per_gpu() / \
+                dtype_bytes(self.config.kv_dtype()) * dtype.itemsize
+            fit = int(COMPUTE_KV_BUDGET_BYTES // max(per_token * self.block_size, 1))
+            self.num_blocks = max(1, min(self.num_blocks, fit))
+        clock = opts.get("clock", "measured")
+        return ComputeDataPlane(
+            self.model, self.layout, self.config, self.num_blocks, self.block_size,
+            block_table=lambda dp, rid: self.schedulers[dp].kv.table(rid),
+            device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
+            cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
+
+    def _copy_fetched_kv(self, event: KVFetched) -> None:
+        """Compute plane: a fetched prefix really moves, block by block, now."""
+        req = self.requests[event.request_id]
+        src = self.schedulers[event.src_rank].kv.lookup(req).blocks
+        dst = self.schedulers[event.rank].kv.table(req.request_id)[:len(src)]
+        self.data_plane.copy_kv(event.src_rank, event.rank, src, dst)
+
     @property
     def gpus(self) -> int:
         return self.layout.gpus
 
     @property
     def num_blocks_per_rank(self) -> int:
-        return self.capacity.num_blocks
+        return self.num_blocks
 
     def check_fits(self, request_id: str, input_tokens: int, output_tokens: int) -> None:
         """Raise ConfigError if a request could never run on one DP rank."""

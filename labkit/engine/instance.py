@@ -133,7 +133,7 @@ class Instance:
         accepted = int(cum[1])
         kv_used = np.array([[s.kv.pool.num_used for s in self.schedulers]], dtype=np.int64)
         end = now + float(timing.duration[0])
-        finishes = any(_finishes(b, accepted) for b in batches)
+        finishes = any(_finishes(b, accepted, timing.tokens) for b in batches)
         return Plan(now, end, finishes, timing, work, kv_used, batches, accepted)
 
     # ---------------------------------------------------------------- commit
@@ -153,7 +153,7 @@ class Instance:
             for s, batch in zip(self.schedulers, plan.batches):
                 s.now = plan.end
                 s.kv.set_time(plan.end)
-                finished += s.update(batch, plan.accepted, plan.end)
+                finished += s.update(batch, plan.accepted, plan.end, plan.timing.tokens)
             self._emit_steps(plan, 0, 1)
         self.plan = None
         return finished
@@ -204,10 +204,12 @@ class Instance:
         self.step_index += stop - first
 
 
-def _finishes(batch, accepted: int) -> bool:
+def _finishes(batch, accepted: int, tokens: dict | None = None) -> bool:
     for req, n, ctx, decode in zip(batch.requests, batch.num_new_tokens, batch.contexts,
                                    batch.is_decode):
         remaining = req.remaining_output_tokens
+        if tokens is not None and req.request_id in tokens:
+            accepted = len(tokens[req.request_id])
         if decode and accepted >= remaining:
             return True
         if not decode and ctx + n == req.num_tokens and remaining <= 1:

@@ -16,7 +16,7 @@ TP slice; DCP reuses the TP GPUs.
   the heads are *replicated*; MLA's single latent is replicated on every TP rank.
 - DCP shards tokens over `dcp` GPUs of the tp*pcp group, interleaved by
   `dcp_kv_cache_interleave_size` I: token i lives on rank (i // I) % dcp. vLLM allows
-  dcp up to the replication it removes: dcp <= tp * pcp / kv_heads (MLA: kv_heads = 1).
+  dcp up to the replication it removes: dcp <= pcp * max(1, tp / kv_heads) (MLA: 1 head).
 - PCP splits a prompt's *queries*; the new KV is all-gathered, so without DCP every
   PCP rank ends with a full copy. With DCP (PCPxDCP) each keeps its 1/dcp shard.
 - KVPP gives each layer's KV to one of `kvpp` TP ranks (by layer index).
@@ -287,12 +287,13 @@ def check_layout(model: ModelSpec, layout: Layout) -> None:
     layout.check_model(model)
     heads = 1 if model.is_mla else model.num_kv_heads
     if layout.dcp > 1:
-        limit = max(1, layout.tp * layout.pcp // heads)
+        # each KV head sits on max(1, tp / heads) GPUs of a TP group, on every PCP rank
+        limit = layout.pcp * max(1, layout.tp // heads)
         if layout.dcp > limit:
             raise ConfigError(
                 f"layout {layout.text!r}: dcp{layout.dcp} cannot shard {model.name}'s KV: "
                 f"with {heads} KV head(s) over tp*pcp = {layout.tp * layout.pcp} GPUs only "
-                f"{limit}x replication exists to remove (dcp <= tp*pcp/kv_heads)"
+                f"{limit}x replication exists to remove (dcp <= pcp * max(1, tp/kv_heads))"
             )
     if layout.kvpp > 1:
         limit = max(1, layout.tp // heads)

@@ -76,7 +76,8 @@ class StepRecorder:
                                               ignore_index=True)
 
 
-def request_rows(requests) -> pd.DataFrame:
+def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
+    """One row per request; `with_tokens` (compute plane) adds `output_token_ids`."""
     rows = []
     for r in requests:
         itl = np.asarray(r.itl, dtype=float)
@@ -101,6 +102,8 @@ def request_rows(requests) -> pd.DataFrame:
             "itl_max_s": itl.max() if len(itl) else np.nan,
             "preemptions": r.num_preemptions, "completed": done,
         })
+        if with_tokens:
+            rows[-1]["output_token_ids"] = list(r.output_token_ids)
     return pd.DataFrame(rows)
 
 
@@ -201,7 +204,7 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
                    extra: dict | None = None) -> ReplayResult:
     # Requests scheduled to arrive after the run ended never existed for it.
     requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
-    table = request_rows(requests)
+    table = request_rows(requests, with_tokens=engine.backend == "compute")
     steps = engine.step_recorder.frame()
     in_window = [r for r in requests if r.arrival_s >= warmup_s]
     itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)

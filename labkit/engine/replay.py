@@ -96,12 +96,36 @@ class TraceFeeder:
             request_id=eid, session_id=tr.session_id if epoch == 0 else key,
             num_prompt_tokens=tr.input_length, max_output_tokens=tr.output_length,
             arrival_s=at, kind=tr.kind, parent_id=parent, priority=tr.priority, trace=tr,
-            keys=self._keys(tr, epoch),
         )
-        req.forked_tokens = min(self.trace.fork_tokens(tr), tr.input_length - 1)
+        if self.engine.backend == "compute":
+            self._real_tokens(req, tr, epoch, parent)
+        else:
+            req.keys = self._keys(tr, epoch)
+            req.forked_tokens = min(self.trace.fork_tokens(tr), tr.input_length - 1)
         if parent is not None:
             req.prefix_hint = self._hints[key].get(parent)
         self.engine.submit(req, at=max(at, self.engine.now))
+
+    def _real_tokens(self, req: Request, tr, epoch: int, parent: str | None) -> None:
+        """Compute plane: the prompt's token ids. A call that continues another re-sends
+        its parent's actual context (prompt and *generated* tokens) as far as the trace
+        says it does, then its own new content expanded from its block ids."""
+        from labkit.engine.compute.tokens import prompt_tokens
+        from labkit.engine.kv.block_keys import TokenBlockKeys
+
+        engine, trace = self.engine, self.trace
+        ids = tr.hash_ids + epoch * ID_LIMIT if epoch else tr.hash_ids
+        tokens = prompt_tokens(ids, tr.input_length, trace.block_size, engine.model.vocab_size)
+        shared = 0
+        parent_req = engine.requests.get(parent) if parent else None
+        if parent_req is not None:
+            shared = min(trace.context_shared_tokens(tr), len(parent_req.token_ids),
+                         tr.input_length - 1)
+            tokens[:shared] = parent_req.token_ids[:shared]
+        req.prompt_token_ids = tokens
+        req.keys = TokenBlockKeys(tokens, engine.block_size, extra=("epoch", epoch))
+        req.forked_tokens = shared if tr.kind == "subagent" and parent_req is not None \
+            and parent_req.kind == "main" else 0
 
     def _keys(self, tr, epoch: int) -> TraceBlockKeys:
         ids = self.trace.context_ids(tr)

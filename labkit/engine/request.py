@@ -52,6 +52,8 @@ class Request:
     forked_tokens: int = 0  # tokens adopted from the parent's blocks at fork time
     pending_copies: list = field(default_factory=list)  # copy-on-write (src, dst) pairs
     seq: int = 0  # arrival order, the tie-breaker of every queue
+    prompt_token_ids: list | None = None  # real tokens (compute plane); None in simulation
+    output_token_ids: list = field(default_factory=list)  # generated tokens (compute plane)
     kv_ready_s: float = 0.0  # while its prefix KV is fetched from another rank: when done
     num_fetched_tokens: int = 0  # prefix tokens fetched from another rank's cache
     # ---- timings and counters for metrics
@@ -67,6 +69,11 @@ class Request:
     def __post_init__(self) -> None:
         if not self.max_tokens:
             self.max_tokens = self.num_prompt_tokens + self.max_output_tokens
+
+    @property
+    def token_ids(self) -> list:
+        """The stream so far: prompt then generated tokens (compute plane)."""
+        return list(self.prompt_token_ids or []) + self.output_token_ids
 
     @property
     def num_tokens(self) -> int:

@@ -251,30 +251,47 @@ class Scheduler:
         batch.preempted.append(req)
 
     # ---------------------------------------------------------------- update
-    def update(self, batch: RankBatch, accepted: int, t_end: float) -> list[Request]:
-        """Apply an executed step: decode entries accept `accepted` tokens each
-        (capped by what they may still generate). Returns the finished requests."""
+    def update(self, batch: RankBatch, accepted: int, t_end: float,
+               tokens: dict | None = None) -> list[Request]:
+        """Apply an executed step. Simulated: decode entries accept `accepted` tokens
+        each. Computed: `tokens` maps a request to the token ids it produced (a decode
+        entry's verified tokens; one sampled token for a prompt's last chunk). Capped
+        by what a request may still generate. Returns the finished requests."""
         finished = []
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
             req.pending_copies.clear()
+            produced = tokens.get(req.request_id) if tokens is not None else None
             if decode:
-                a = min(accepted, req.remaining_output_tokens)
+                a = min(accepted if produced is None else len(produced),
+                        req.remaining_output_tokens)
                 req.num_computed_tokens += a
+                self._record(req, produced, a)
                 req.emit(a, t_end)
             else:
                 if req.num_computed_tokens < req.num_prompt_tokens:
                     req.num_computed_prefill_tokens += min(
                         n, req.num_prompt_tokens - req.num_computed_tokens)
                 req.num_computed_tokens += n
-                if req.num_computed_tokens == req.num_tokens and req.emit(1, t_end) \
-                        and self.events.wants(FirstToken):
-                    self.events.emit(FirstToken(t_end, req.request_id, self.rank))
+                if req.num_computed_tokens == req.num_tokens:
+                    self._record(req, produced, 1)
+                    if req.emit(1, t_end) and self.events.wants(FirstToken):
+                        self.events.emit(FirstToken(t_end, req.request_id, self.rank))
             self.kv.cache_full_blocks(req)
             if req.remaining_output_tokens <= 0:
                 finished.append(req)
         for req in finished:
             self.finish(req, t_end)
         return finished
+
+    @staticmethod
+    def _record(req: Request, produced, count: int) -> None:
+        """Keep real token ids (compute plane); their blocks get keys from them."""
+        if produced is None:
+            return
+        new = list(produced[:count])
+        req.output_token_ids.extend(new)
+        if hasattr(req.keys, "extend"):
+            req.keys.extend(new)
 
     def finish(self, req: Request, t: float) -> None:
         self.running.remove(req)

@@ -9,13 +9,13 @@ AgentX-like agentic one, write it back, and summarise it::
     trace_stats(trace)["prefix_reuse"]
 """
 from labkit.traces.agentx import generate_agentx_trace
-from labkit.traces.agentx_params import AgentXParams
+from labkit.traces.agentx_params import TINY_AGENTX, AgentXParams
 from labkit.traces.io import load_trace, write_trace
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.stats import prefix_reuse, trace_stats
 from labkit.traces.validate import TraceError
 
 __all__ = [
-    "AgentXParams", "Trace", "TraceError", "TraceRequest", "generate_agentx_trace",
+    "AgentXParams", "TINY_AGENTX", "Trace", "TraceError", "TraceRequest", "generate_agentx_trace",
     "load_trace", "prefix_reuse", "trace_stats", "write_trace",
 ]

@@ -99,3 +99,18 @@ class AgentXParams:
         if self.compact_threshold_tokens + self.output_max >= self.context_window_tokens:
             raise ValueError("compact_threshold_tokens + output_max must leave room "
                              "in context_window_tokens")
+
+
+# Knobs of a *miniature* agentic workload for the compute plane on a CPU: the same
+# session shape (shared prefix, growing context, tool results, subagent forks,
+# compaction) at roughly 1/500 of the token counts, so a tiny model replays it in
+# seconds. `generate_agentx_trace(n, block_size=16, **TINY_AGENTX)`.
+TINY_AGENTX = dict(
+    main_calls_median=5.0, main_calls_max=12, subagent_session_share=0.7,
+    subagents_max=4, shared_prefix_tokens=32, initial_context_median=24.0,
+    initial_context_max=96, output_median=6.0, output_max=24, tool_result_median=12.0,
+    file_read_median=40.0, tool_result_max=96, user_text_median=6.0,
+    context_window_tokens=640, compact_threshold_tokens=480, compact_instruction_tokens=8,
+    summary_median=12.0, restored_context_median=24.0, subagent_task_median=10.0,
+    subagent_calls_median=3.0, subagent_calls_max=6, subagent_result_overhead_tokens=4,
+)

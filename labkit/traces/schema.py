@@ -189,10 +189,18 @@ class Trace:
 
     def fork_tokens(self, req: TraceRequest) -> int:
         """For a subagent's first call: leading prompt tokens equal to its parent's
-        context (parent input + output), else 0. Counted in whole blocks when the
-        prompt departs from the parent's context before its last full block."""
+        context (parent input + output), else 0 (see `context_shared_tokens`)."""
         parent = self.parent(req)
         if req.kind != "subagent" or parent is None or parent.kind != "main":
+            return 0
+        return self.context_shared_tokens(req)
+
+    def context_shared_tokens(self, req: TraceRequest) -> int:
+        """Leading prompt tokens of `req` that re-send its parent's context (parent
+        input + output), as their block ids say; 0 without a parent. Counted in whole
+        blocks when the prompt departs from that context before its last full block."""
+        parent = self.parent(req)
+        if parent is None:
             return 0
         bs = self.block_size
         ctx_tokens = parent.input_length + parent.output_length

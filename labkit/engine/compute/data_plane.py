@@ -1,0 +1,228 @@
+"""The compute data plane: the scheduler's batches run on real tensors.
+
+Where the simulated plane asks a cost model how long a step takes, this one runs it.
+Each GPU of the layout is a `Rank` (its weight slices, its paged KV, linear-attention
+states) and a step is SPMD: every GPU of the stepping replicas runs `rank_forward` on
+its own thread of a `VirtualCluster`, talking to its peers only through collectives.
+Then, on the host:
+
+- **sampling**: greedy (argmax, lowest id on ties) from the last stage's logits;
+- **speculative verify**: a decoding request's `1 + k` rows are its last token and k
+  n-gram drafts; drafts are accepted while they match the argmax before them, plus
+  the model's own next token — exactly plain greedy's tokens, fewer steps;
+- **the clock**: `clock="measured"` (default) makes a step last as long as it took
+  (per replica: its slowest GPU; time inside collectives counts as communication);
+  `clock="predicted"` runs the tensors but keeps the cost model's durations, so a
+  compute replay schedules exactly like the simulated one of the same cluster.
+
+Before a step, copy-on-write pairs the KV manager queued (`req.pending_copies`) are
+applied on every GPU of the replica; a session's KV fetched from another DP rank is
+copied block by block when the scheduler decides to fetch it (`copy_kv`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from labkit.engine.compute.drafter import ngram_drafts
+from labkit.engine.compute.group import VirtualCluster
+from labkit.engine.compute.mesh import Mesh
+from labkit.engine.compute.models.checkpoint import load_safetensors
+from labkit.engine.compute.models.weights import init_weights
+from labkit.engine.compute.paged_kv import PagedKV
+from labkit.engine.compute.rank import Rank
+from labkit.engine.compute.rank_model import rank_forward
+from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
+from labkit.engine.compute.step_batch import Entry, StepBatch
+from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.errors import ConfigError, unknown_choice
+
+CLOCKS = ("measured", "predicted")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+DEVICES = ("cpu", "cuda")
+MEASURED_MIN_STEP_S = 1e-6
+
+
+class ComputeDataPlane:
+    supports_runs = False  # real kernels cannot cost a run of steps without running it
+
+    def __init__(self, spec, layout, config, num_blocks: int, block_size: int, *,
+                 block_table, device: str = "cpu", dtype: str = "float32",
+                 clock: str = "measured", cost_model=None, checkpoint=None,
+                 weights: dict | None = None) -> None:
+        """`block_table(dp_rank, request_id)` gives a request's block ids (the KV
+        manager's); `weights` (full, unsharded) or a safetensors `checkpoint` replace
+        the seeded random weights."""
+        if clock not in CLOCKS:
+            raise unknown_choice("clock", clock, CLOCKS)
+        if clock == "predicted" and cost_model is None:
+            raise ConfigError("clock='predicted' needs a cost model")
+        self.spec, self.layout, self.config = spec, layout, config
+        self.device = check_device(device)
+        self.dtype = check_dtype(dtype)
+        self.clock, self.cost_model = clock, cost_model
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.block_table = block_table
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.mesh = Mesh(layout, spec)
+        self.cluster = VirtualCluster(self.mesh.world_size)
+        if weights is None:
+            weights = (load_safetensors(checkpoint, spec, dtype=self.dtype) if checkpoint
+                       else init_weights(spec, config.seed, self.dtype))
+        self.ranks = [self._build_rank(place, weights) for place in self.mesh.places]
+        self.record_logits = False
+        self.logits: list[tuple[str, np.ndarray, torch.Tensor]] = []  # when recording
+        self.steps = 0
+        self.accepted_drafts = 0
+        self.proposed_drafts = 0
+
+    def _build_rank(self, place, full: dict) -> Rank:
+        w = rank_weights(self.spec, full, place, self.layout, self.device)
+        kv = PagedKV(kv_shapes(self.spec, w), self.num_blocks, self.block_size,
+                     self.layout.dcp, place.dcp_index if self.layout.dcp > 1 else 0,
+                     self.config.dcp_kv_cache_interleave_size, self.dtype, self.device)
+        c = self.cluster
+        groups = {name: c.group(getattr(place, f"{name}_group"), place.gpu)
+                  for name in ("tp", "pcp", "dcp", "ep", "pp")}
+        return Rank(place, self.mesh, w, kv, groups)
+
+    @property
+    def min_step_s(self) -> float:
+        return self.cost_model.min_step_s if self.clock == "predicted" else MEASURED_MIN_STEP_S
+
+    @property
+    def kv_bytes_per_gpu(self) -> int:
+        return max(r.kv.nbytes for r in self.ranks)
+
+    # ------------------------------------------------------------------ step
+    def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
+        steps = {b.rank: self._step_batch(b) for b in batches}
+        gpus = [g for b in batches for g in self.mesh.replica_gpus(b.rank)]
+        before = {g: self._comm_s(g) for g in gpus}
+        start = time.perf_counter()
+        results = self.cluster.run(self._timed_forward,
+                                   [(steps[self.mesh.places[g].dp],) for g in gpus], gpus)
+        wall = time.perf_counter() - start
+        elapsed = dict(zip(gpus, (r[0] for r in results)))
+        logits = self._collect(gpus, [r[1] for r in results])
+        tokens = {}
+        for b in batches:
+            tokens.update(self._sample(steps[b.rank], logits.get(b.rank, {})))
+        self.steps += 1
+        timing = self._timing(batches, work, lockstep, gpus, elapsed, before, wall)
+        timing.tokens = tokens
+        return timing
+
+    def _timed_forward(self, gpu: int, batch: StepBatch):
+        start = time.perf_counter()
+        out = rank_forward(self.ranks[gpu], batch)
+        return time.perf_counter() - start, out
+
+    def _step_batch(self, b) -> StepBatch:
+        replica = self.mesh.replica_gpus(b.rank)
+        entries, token_ids = [], []
+        for req, n, ctx, decode in zip(b.requests, b.num_new_tokens, b.contexts, b.is_decode):
+            if req.pending_copies:
+                for g in replica:
+                    self.ranks[g].kv.copy_blocks(req.pending_copies)
+            stream = req.token_ids
+            if decode:
+                new = [stream[ctx]] + ngram_drafts(stream[:ctx + 1], n - 1)
+            else:
+                new = stream[ctx:ctx + n]
+            table = np.asarray(self.block_table(b.rank, req.request_id))
+            samples = not decode and ctx + n == req.num_tokens
+            entries.append(Entry(req.request_id, ctx, n, decode, table, samples))
+            token_ids.extend(new)
+        return StepBatch(entries, token_ids, self.block_size, self.layout.pcp, self.device)
+
+    def _collect(self, gpus, outs) -> dict[int, dict[int, torch.Tensor]]:
+        """Logits by replica and token row, from the last stage's first TP rank(s)."""
+        by_replica: dict[int, dict[int, torch.Tensor]] = {}
+        for g, out in zip(gpus, outs):
+            place = self.mesh.places[g]
+            if out is None or place.tp_index != 0:
+                continue
+            rows, logits = out
+            mine = by_replica.setdefault(place.dp, {})
+            for r, row in zip(rows.tolist(), logits):
+                mine[r] = row
+        return by_replica
+
+    def _sample(self, batch: StepBatch, logits: dict[int, torch.Tensor]) -> dict[str, list]:
+        tokens = {}
+        for e in batch.entries:
+            if not (e.decode or e.samples):
+                continue
+            rows = range(e.start, e.start + e.num_new) if e.decode else [e.start + e.num_new - 1]
+            best = [int(torch.argmax(logits[r])) for r in rows]
+            if self.record_logits:
+                self.logits.append((e.request_id, batch.positions[list(rows)],
+                                    torch.stack([logits[r] for r in rows]).cpu()))
+            if not e.decode:
+                tokens[e.request_id] = best[:1]
+                continue
+            drafts = batch.token_ids[e.start + 1:e.start + e.num_new].tolist()
+            produced = [best[0]]
+            for j, d in enumerate(drafts):
+                if d != best[j]:
+                    break
+                produced.append(best[j + 1])
+            self.proposed_drafts += len(drafts)
+            self.accepted_drafts += len(produced) - 1
+            tokens[e.request_id] = produced
+        return tokens
+
+    # ----------------------------------------------------------------- clock
+    def _comm_s(self, gpu: int) -> float:
+        r = self.ranks[gpu]
+        return sum(g.comm_s for g in {id(x): x for x in (r.tp, r.pcp, r.dcp, r.ep, r.pp)}
+                   .values())
+
+    def _timing(self, batches, work, lockstep, gpus, elapsed, before, wall) -> StepTiming:
+        if self.clock == "predicted":
+            work = work if work is not None else StepWork.from_batches(batches)
+            return self.cost_model.step_timing(work, lockstep)
+        busy = np.zeros((1, len(batches)))
+        comm = np.zeros((1, len(batches)))
+        for i, b in enumerate(batches):
+            replica = self.mesh.replica_gpus(b.rank)
+            busy[0, i] = max(elapsed[g] for g in replica)
+            comm[0, i] = max(self._comm_s(g) - before[g] for g in replica)
+        duration = np.array([wall if lockstep else busy.max()])
+        return StepTiming(busy, np.maximum(busy - comm, 0), comm, duration,
+                          np.zeros((1, len(batches))))
+
+    # ------------------------------------------------------------ engine hooks
+    def copy_kv(self, src_dp: int, dst_dp: int, src_blocks, dst_blocks) -> None:
+        """A session's prefix KV, fetched from DP rank src_dp's GPUs to dst_dp's."""
+        for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
+            self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
+
+    def release(self, request_id: str) -> None:
+        for r in self.ranks:
+            r.linear.release(request_id)
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def check_device(device: str) -> torch.device:
+    kind = str(device).split(":")[0]
+    if kind not in DEVICES:
+        raise unknown_choice("device", device, DEVICES)
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA GPU here; use device='cpu'")
+    return torch.device(device)
+
+
+def check_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise unknown_choice("dtype", dtype, DTYPES)
+    return DTYPES[dtype]

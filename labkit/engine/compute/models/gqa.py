@@ -1,0 +1,42 @@
+"""Grouped-query attention projections (Llama, Qwen3-MoE).
+
+A TP rank passes its slice of `q_proj` (whole query heads), of `k_proj`/`v_proj` (the
+KV heads its query heads read) and of `o_proj` (the matching input columns); the
+head counts are read off the slices. Attention itself is `layers.attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from labkit.engine.compute.models.layers import linear, rms_norm, rope
+
+Tensor = torch.Tensor
+
+
+def gqa_qkv(x: Tensor, w: Mapping[str, Tensor], head_dim: int, positions: Tensor,
+            theta: float | None, eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """q `[T, Hq, D]`, k `[T, Hkv, D]` (both roped), v `[T, Hkv, D]` from hidden x `[T, H]`.
+
+    With `self_attn.q_norm.weight` / `k_norm.weight` present (Qwen3) each head of q and
+    k is RMS-normalised before RoPE. k and v are what the KV cache stores.
+    """
+    q = linear(x, w["self_attn.q_proj.weight"]).unflatten(-1, (-1, head_dim))
+    k = linear(x, w["self_attn.k_proj.weight"]).unflatten(-1, (-1, head_dim))
+    v = linear(x, w["self_attn.v_proj.weight"]).unflatten(-1, (-1, head_dim))
+    if "self_attn.q_norm.weight" in w:
+        q = rms_norm(q, w["self_attn.q_norm.weight"], eps)
+        k = rms_norm(k, w["self_attn.k_norm.weight"], eps)
+    return rope(q, positions, theta), rope(k, positions, theta), v
+
+
+def gqa_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def gqa_output(attn_out: Tensor, w: Mapping[str, Tensor]) -> Tensor:
+    """`o_proj` of the attention output `[T, Hq, D]` -> `[T, H]` (a TP partial sum)."""
+    return linear(attn_out.flatten(1), w["self_attn.o_proj.weight"])

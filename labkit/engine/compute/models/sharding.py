@@ -1,0 +1,61 @@
+"""How each weight splits across tensor-parallel ranks (a helper; the runner may slice
+its own way). Rank r of N takes the r-th of N equal chunks along the split dim:
+
+- by heads (dim 0): GQA q_proj; MLA q_b_proj / q_proj and kv_b_proj; KDA q/k/v_proj,
+  q/k/v_conv1d, f_b_proj, g_b_proj, dt_bias, A_log, b_proj.
+- GQA k_proj / v_proj: by KV heads when N divides them, else each KV head is replicated
+  on the N / Hkv ranks whose query heads read it.
+- by input columns (dim 1): every o_proj (partial sums: all-reduce after).
+- MLPs, routed and shared experts: gate/up by rows (dim 0), down by columns (dim 1).
+- replicated: embeddings, LM head, norms, router and its bias, MLA q_a_proj /
+  kv_a_proj_with_mqa (the latent is per token, not per head: TP replicates it), the DSA
+  indexer, KDA f_a_proj / g_a_proj / o_norm, MTP eh_proj.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from labkit.specs.models import ModelSpec
+
+_ROWS = re.compile(
+    r"self_attn\.(q_proj|q_b_proj|kv_b_proj|[qkv]_conv1d|f_b_proj|g_b_proj|b_proj)\.weight$"
+    r"|self_attn\.(dt_bias|A_log)$|(gate_proj|up_proj)\.weight$")
+_COLS = re.compile(r"(o_proj|down_proj)\.weight$")
+_KV = re.compile(r"self_attn\.[kv]_proj\.weight$")
+
+
+def _chunk(t: torch.Tensor, dim: int, parts: int, index: int, name: str) -> torch.Tensor:
+    if t.shape[dim] % parts:
+        raise ValueError(f"cannot split {name} {tuple(t.shape)} into {parts} along dim {dim}")
+    return t.chunk(parts, dim=dim)[index].contiguous()
+
+
+def tp_shard(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int,
+             size: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s slice of every tensor for tensor parallelism of degree `size`."""
+    out = {}
+    for name, t in weights.items():
+        gqa_kv = _KV.search(name) and not spec.is_mla and not _is_linear(spec, name)
+        if gqa_kv:
+            kv = spec.num_kv_heads
+            if kv % size == 0:
+                out[name] = _chunk(t, 0, size, rank, name)
+            elif size % kv == 0:
+                out[name] = _chunk(t, 0, kv, rank // (size // kv), name)
+            else:
+                raise ValueError(f"{kv} KV heads fit neither side of TP {size}")
+        elif _ROWS.search(name) or (_KV.search(name) and not gqa_kv):
+            out[name] = _chunk(t, 0, size, rank, name)
+        elif _COLS.search(name):
+            out[name] = _chunk(t, 1, size, rank, name)
+        else:
+            out[name] = t
+    return out
+
+
+def _is_linear(spec: ModelSpec, name: str) -> bool:
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return bool(m) and spec.is_linear_layer(int(m.group(1)))

@@ -1,0 +1,70 @@
+"""Which weights a rank holds: its stage's layers, its TP slice, its experts.
+
+Starting from the full model (seeded or loaded), a rank keeps the decoder layers of its
+pipeline stage, the embedding if it is the first stage and the final norm and LM head
+if it is the last; every tensor is cut to its TP slice (`models.sharding.tp_shard`:
+heads, MLP columns; MLA's latent projections, routers and the DSA indexer replicated).
+Routed experts go to the EP group when there is one — whole experts, only those this
+rank owns — and are TP-sliced like any MLP otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.engine.compute.mesh import RankPlace
+from labkit.engine.compute.models.reference import lm_head_weight
+from labkit.engine.compute.models.sharding import tp_shard
+from labkit.engine.compute.moe_parallel import owned_experts
+from labkit.specs.layout import Layout
+from labkit.specs.models import ModelSpec
+
+Tensor = torch.Tensor
+
+
+def rank_weights(spec: ModelSpec, full: dict[str, Tensor], place: RankPlace, layout: Layout,
+                 device="cpu") -> dict:
+    """`{layer: its tensors (prefix stripped), "model": embedding / norm / head}`."""
+    out: dict = {}
+    keep = (range(0) if layout.ep == 1
+            else owned_experts(spec.num_experts, layout.ep, place.ep_index))
+    for layer in place.layers:
+        prefix = f"model.layers.{layer}."
+        named = {k: v for k, v in full.items() if k.startswith(prefix)}
+        if layout.ep == 1:
+            sliced = tp_shard(spec, named, place.tp_index, layout.tp)
+        else:
+            rest = {k: v for k, v in named.items() if ".mlp.experts." not in k}
+            sliced = tp_shard(spec, rest, place.tp_index, layout.tp)
+            sliced.update({k: v for k, v in named.items()
+                           if ".mlp.experts." in k and _expert_id(k) in keep})
+        out[layer] = {k[len(prefix):]: v.to(device) for k, v in sliced.items()}
+    model = {}
+    if place.first_stage:
+        model["model.embed_tokens.weight"] = full["model.embed_tokens.weight"].to(device)
+    if place.last_stage:
+        model["model.norm.weight"] = full["model.norm.weight"].to(device)
+        model["lm_head.weight"] = lm_head_weight(full).to(device)
+    out["model"] = model
+    return out
+
+
+def _expert_id(name: str) -> int:
+    return int(name.split(".mlp.experts.")[1].split(".")[0])
+
+
+def kv_shapes(spec: ModelSpec, layer_weights: dict[int, dict]) -> dict[int, dict]:
+    """Per attention layer, the per-token shape of each paged cache tensor."""
+    shapes = {}
+    for layer, w in layer_weights.items():
+        if layer == "model" or spec.is_linear_layer(layer):
+            continue
+        if spec.is_mla:
+            named = {"latent": (spec.kv_lora_rank + spec.qk_rope_head_dim,)}
+            if spec.has_indexer:
+                named["index_k"] = (spec.index_head_dim,)
+        else:
+            heads = w["self_attn.k_proj.weight"].shape[0] // spec.head_dim
+            named = {"k": (heads, spec.head_dim), "v": (heads, spec.head_dim)}
+        shapes[layer] = named
+    return shapes
