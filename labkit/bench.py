@@ -54,6 +54,12 @@ def run_bench(target: str, quick: bool = False) -> int:
         from labkit.costmodel.bench import bench_costmodel
 
         bench_costmodel(data)
+    elif target == "kernels":
+        from labkit.kernels.bench import bench_kernels
+
+        return bench_kernels(quick)
+    elif target == "compute":
+        bench_compute(quick)
     return 0
 
 
@@ -146,3 +152,35 @@ def lookup_cost(context: int, new_tokens: int = 4096, block_size: int = 64,
         kv.free(child)
     admit_us = (time.perf_counter() - start) / reps * 1e6
     return lookup_us, admit_us
+
+
+def bench_compute(quick: bool = False) -> None:
+    """The compute plane on this machine: a miniature agentic replay, real tensors,
+    measured clock. Prints tokens per wall second and where the time goes."""
+    import torch
+
+    from labkit import Engine
+    from labkit.traces import TINY_AGENTX, generate_agentx_trace
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    trace = generate_agentx_trace(3 if quick else 6, seed=1, block_size=16, **TINY_AGENTX)
+    cases = [("tiny-llama", "tp1"), ("tiny-llama", "tp2"), ("tiny-deepseek-v3", "tp1"),
+             ("tiny-deepseek-v3", "dcp2"), ("tiny-deepseek-v3", "dep2")]
+    if quick:
+        cases = cases[:1] + cases[3:4]
+    print(f"labkit bench compute — tiny models, {len(trace.requests)} agentic calls, "
+          f"{device}, torch threads {torch.get_num_threads()} (one run each)")
+    for model, layout in cases:
+        engine = Engine(model=model, layout=layout, backend="compute", device=device)
+        t0 = time.perf_counter()
+        result = engine.replay(trace, concurrency=3, loop_trace=False, max_idle_s=1.0,
+                               start_part_way=False)
+        wall = time.perf_counter() - t0
+        table = result.requests
+        tokens = int(table.computed_prefill_tokens.sum() + table.output_tokens.sum())
+        sec = engine.data_plane.seconds
+        control = wall - sec["host"] - sec["forward"]
+        print(f"  {model:<17} {layout:<5} {tokens / wall:8,.0f} tokens/s "
+              f"({tokens:,} tokens, {engine.data_plane.steps} steps, {wall:.1f} s): "
+              f"forward {sec['forward'] / wall:.0%} (collectives {sec['collectives'] / wall:.0%}),"
+              f" host {sec['host'] / wall:.0%}, control plane {control / wall:.0%}")

@@ -1,11 +1,12 @@
 """`labkit ...`: the command line.
 
-    labkit trace gen --kind agentx --sessions N --seed S --out FILE.jsonl
+    labkit trace gen --kind agentx --sessions N --seed S [--tiny] --out FILE.jsonl
     labkit trace stats FILE [--format auto|labkit|mooncake] [--json]
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
+                  [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
-    labkit bench sim | costmodel | layouts
+    labkit bench sim | costmodel | layouts | kernels | compute
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
 from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
@@ -76,7 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--kind", choices=["agentx"], default="agentx")
     gen.add_argument("--sessions", type=int, required=True)
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--block-size", type=int, default=64)
+    gen.add_argument("--block-size", type=int, help="tokens per block id (default 64; "
+                                                     "16 with --tiny, the tiny models' own)")
+    gen.add_argument("--tiny", action="store_true",
+                     help="miniature token counts (labkit.traces.TINY_AGENTX), for the "
+                          "compute backend on a CPU; --param still overrides")
     gen.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                      help="a generator knob (see labkit.traces.AgentXParams), repeatable, "
                           "e.g. --param context_window_tokens=200000")
@@ -92,7 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_PRESETS)}")
     replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
     replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
-    replay.add_argument("--backend", default="sim", choices=["sim"])
+    replay.add_argument("--backend", default="sim", choices=["sim", "compute"],
+                        help="sim: steps take what the cost model says; compute: real "
+                             "tensors (tiny-* models on a CPU)")
+    replay.add_argument("--device", choices=["cpu", "cuda"],
+                        help="compute backend: where the tensors live (default cpu)")
+    replay.add_argument("--clock", choices=["measured", "predicted"],
+                        help="compute backend: step durations as measured (default) or as "
+                             "the cost model predicts them")
+    replay.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
+                        help="compute backend: weights, activations and KV (default float32)")
+    replay.add_argument("--checkpoint", help="compute backend: a local safetensors file or "
+                                             "folder instead of seeded random weights")
     replay.add_argument("--cost-model", default="calibrated", choices=["calibrated", "roofline"],
                         help="step times: kernels fitted on measured H100 latencies "
                              "(default), or a first-order roofline")
@@ -129,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("target", choices=["sim", "costmodel", "layouts"])
+    bench.add_argument("target", choices=["sim", "costmodel", "layouts", "kernels", "compute"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
     return parser
 
@@ -163,8 +179,12 @@ def _trace(args) -> int:
     if args.trace_command == "gen":
         if args.sessions < 1:
             raise ConfigError(f"--sessions {args.sessions} must be >= 1")
-        trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=args.block_size,
-                                      **_generator_params(args.param))
+        from labkit.traces import TINY_AGENTX
+
+        knobs = {**(TINY_AGENTX if args.tiny else {}), **_generator_params(args.param)}
+        block_size = args.block_size or (16 if args.tiny else 64)
+        trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=block_size,
+                                      **knobs)
         write_trace(trace, args.out)
         print(f"wrote {len(trace.requests)} requests in {args.sessions} sessions to {args.out}")
         return 0
@@ -205,8 +225,11 @@ def _replay(args) -> int:
     if args.concurrency is not None and args.duration_s is None and args.loop_trace:
         raise ConfigError("--concurrency needs --duration-s (or --no-loop-trace)")
     trace = load_trace(args.trace, format=args.format)
+    compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
+               if getattr(args, k) is not None}
     engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
-                    backend=args.backend, cost_model=args.cost_model, **knobs_from_args(args))
+                    backend=args.backend, cost_model=args.cost_model, **compute,
+                    **knobs_from_args(args))
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                            open_loop=args.open_loop, warmup_s=args.warmup_s,

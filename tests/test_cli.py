@@ -182,3 +182,37 @@ def test_trace_gen_params(capsys, tmp_path):
     code, _, err = run(capsys, "trace", "gen", "--sessions", "2", "--out", path,
                        "--param", "bogus=1")
     assert code == 2 and "context_window_tokens" in err
+
+
+def test_compute_replay_of_a_tiny_trace_saves_generated_tokens(capsys, tmp_path):
+    import pandas as pd
+
+    trace = tmp_path / "tiny.jsonl"
+    code, out, err = run(capsys, "trace", "gen", "--sessions", "2", "--seed", "1", "--tiny",
+                         "--out", trace)
+    assert code == 0, err
+    out_dir = tmp_path / "run"
+    code, out, err = run(capsys, "replay", "--trace", trace, "--model", "tiny-deepseek-v3",
+                         "--layout", "dcp2", "--backend", "compute", "--device", "cpu",
+                         "--clock", "predicted", "--concurrency", "2", "--no-loop-trace",
+                         "--max-idle-s", "1", "--out", out_dir, "--json", "--no-progress")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["backend"] == "compute" and summary["requests_completed"] >= 4
+    table = pd.read_parquet(out_dir / "requests.parquet")
+    assert (table.output_token_ids.map(len) == table.output_tokens).all()
+
+
+def test_compute_options_need_the_compute_backend(capsys, trace_file):
+    code, _, err = run(capsys, "replay", "--trace", trace_file, "--model", "tiny-llama",
+                       "--concurrency", "1", "--duration-s", "1", "--clock", "measured")
+    assert code == 2 and "clock only apply to backend='compute'" in err
+
+
+def test_bench_kernels_without_a_gpu_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    code, out, _ = run(capsys, "bench", "kernels", "--quick")
+    assert code == 0 and "CUDA" in out

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from labkit.engine.capacity import kv_capacity
 from labkit.engine.events import EventBus, KVFetched, RequestArrived, RequestFinished
 from labkit.engine.instance import Instance
+from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.metrics import StepRecorder
 from labkit.engine.request import Request, Status
@@ -152,7 +153,7 @@ class Engine:
         clock = opts.get("clock", "measured")
         return ComputeDataPlane(
             self.model, self.layout, self.config, self.num_blocks, self.block_size,
-            block_table=lambda dp, rid: self.schedulers[dp].kv.table(rid),
+            kv_manager=lambda dp: self.schedulers[dp].kv,
             device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
             cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
 
@@ -224,6 +225,21 @@ class Engine:
         req.seq = self._seq
         self.requests[req.request_id] = req
         heapq.heappush(self._arrivals, (at, req.seq, req))
+
+    def submit_prompt(self, token_ids, max_output_tokens: int, request_id: str | None = None,
+                      at: float | None = None, session_id: str | None = None) -> Request:
+        """Submit one call given by its token ids (its block keys are hashed from them,
+        so equal prefixes hit the prefix cache); the compute plane generates its
+        output. Returns the Request (its `output_token_ids` fill in as it runs)."""
+        token_ids = [int(t) for t in token_ids]
+        request_id = request_id or f"prompt-{len(self.requests)}"
+        req = Request(request_id=request_id, session_id=session_id or request_id,
+                      num_prompt_tokens=len(token_ids), max_output_tokens=max_output_tokens,
+                      arrival_s=self.now if at is None else at)
+        req.prompt_token_ids = token_ids
+        req.keys = TokenBlockKeys(token_ids, self.block_size)
+        self.submit(req, at=at)
+        return req
 
     # -------------------------------------------------------------- running
     def step(self) -> bool:

@@ -8,8 +8,6 @@ import torch
 from labkit.engine.compute.models import init_weights, reference_logits
 from labkit.engine.engine import Engine
 from labkit.engine.events import CopyOnWrite, Forked, RequestPreempted
-from labkit.engine.kv.block_keys import TokenBlockKeys
-from labkit.engine.request import Request
 from labkit.engine.sim.work import StepTiming
 from labkit.specs import get_model
 from labkit.traces import TINY_AGENTX, generate_agentx_trace
@@ -48,11 +46,7 @@ def count_events(eng: Engine) -> dict:
 def submit_prompts(eng: Engine, prompts: dict[str, list[int]], max_tokens: int,
                    gap_s: float = 0.05) -> None:
     for i, (rid, tokens) in enumerate(prompts.items()):
-        req = Request(request_id=rid, session_id=rid, num_prompt_tokens=len(tokens),
-                      max_output_tokens=max_tokens, arrival_s=i * gap_s)
-        req.prompt_token_ids = list(tokens)
-        req.keys = TokenBlockKeys(tokens, eng.block_size)
-        eng.submit(req, at=i * gap_s)
+        eng.submit_prompt(tokens, max_tokens, request_id=rid, at=i * gap_s)
 
 
 def shared_prefix_prompts(vocab: int, seed: int = 0, prefix: int = 40,

@@ -51,11 +51,11 @@ class ComputeDataPlane:
     supports_runs = False  # real kernels cannot cost a run of steps without running it
 
     def __init__(self, spec, layout, config, num_blocks: int, block_size: int, *,
-                 block_table, device: str = "cpu", dtype: str = "float32",
+                 kv_manager, device: str = "cpu", dtype: str = "float32",
                  clock: str = "measured", cost_model=None, checkpoint=None,
                  weights: dict | None = None) -> None:
-        """`block_table(dp_rank, request_id)` gives a request's block ids (the KV
-        manager's); `weights` (full, unsharded) or a safetensors `checkpoint` replace
+        """`kv_manager(dp_rank)` is that DP rank's KV manager (whose block ids index
+        the paged caches); `weights` (full, unsharded) or a safetensors `checkpoint` replace
         the seeded random weights."""
         if clock not in CLOCKS:
             raise unknown_choice("clock", clock, CLOCKS)
@@ -66,7 +66,7 @@ class ComputeDataPlane:
         self.dtype = check_dtype(dtype)
         self.clock, self.cost_model = clock, cost_model
         self.block_size, self.num_blocks = block_size, num_blocks
-        self.block_table = block_table
+        self.kv_manager = kv_manager
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
         self.cluster = VirtualCluster(self.mesh.world_size)
@@ -77,6 +77,9 @@ class ComputeDataPlane:
         self.record_logits = False
         self.logits: list[tuple[str, np.ndarray, torch.Tensor]] = []  # when recording
         self.steps = 0
+        # where the time goes (wall seconds): building inputs and sampling on the host,
+        # the SPMD forward (the slowest GPU), the part of it spent in collectives
+        self.seconds = {"host": 0.0, "forward": 0.0, "collectives": 0.0}
         self.accepted_drafts = 0
         self.proposed_drafts = 0
 
@@ -100,21 +103,25 @@ class ComputeDataPlane:
 
     # ------------------------------------------------------------------ step
     def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
+        t0 = time.perf_counter()
         steps = {b.rank: self._step_batch(b) for b in batches}
         gpus = [g for b in batches for g in self.mesh.replica_gpus(b.rank)]
         before = {g: self._comm_s(g) for g in gpus}
-        start = time.perf_counter()
+        t1 = time.perf_counter()
         results = self.cluster.run(self._timed_forward,
                                    [(steps[self.mesh.places[g].dp],) for g in gpus], gpus)
-        wall = time.perf_counter() - start
+        t2 = time.perf_counter()
         elapsed = dict(zip(gpus, (r[0] for r in results)))
         logits = self._collect(gpus, [r[1] for r in results])
         tokens = {}
         for b in batches:
             tokens.update(self._sample(steps[b.rank], logits.get(b.rank, {})))
         self.steps += 1
-        timing = self._timing(batches, work, lockstep, gpus, elapsed, before, wall)
+        timing = self._timing(batches, work, lockstep, gpus, elapsed, before, t2 - t1)
         timing.tokens = tokens
+        self.seconds["forward"] += t2 - t1
+        self.seconds["collectives"] += max(self._comm_s(g) - before[g] for g in gpus)
+        self.seconds["host"] += (t1 - t0) + (time.perf_counter() - t2)
         return timing
 
     def _timed_forward(self, gpu: int, batch: StepBatch):
@@ -134,7 +141,7 @@ class ComputeDataPlane:
                 new = [stream[ctx]] + ngram_drafts(stream[:ctx + 1], n - 1)
             else:
                 new = stream[ctx:ctx + n]
-            table = np.asarray(self.block_table(b.rank, req.request_id))
+            table = self.kv_manager(b.rank).table(req.request_id)
             samples = not decode and ctx + n == req.num_tokens
             entries.append(Entry(req.request_id, ctx, n, decode, table, samples))
             token_ids.extend(new)
@@ -196,6 +203,25 @@ class ComputeDataPlane:
         duration = np.array([wall if lockstep else busy.max()])
         return StepTiming(busy, np.maximum(busy - comm, 0), comm, duration,
                           np.zeros((1, len(batches))))
+
+    # ------------------------------------------------------------ inspection
+    def request_kv(self, req, layer: int, gpu: int) -> tuple[np.ndarray, dict]:
+        """What GPU `gpu` holds of request `req`'s KV in `layer`: the positions it owns
+        (all of them, or its DCP shard) and, per cache tensor, their entries. A
+        finished request's KV is what is still cached of it (whole blocks)."""
+        place = self.mesh.places[gpu]
+        if req.rank != place.dp:
+            raise ValueError(f"{req.request_id} runs on DP rank {req.rank}; GPU {gpu} "
+                             f"belongs to DP rank {place.dp}")
+        if layer not in self.ranks[gpu].kv.layers:
+            raise ValueError(f"GPU {gpu} holds no paged KV of layer {layer} (its layers: "
+                             f"{sorted(self.ranks[gpu].kv.layers)})")
+        kv = self.ranks[gpu].kv
+        table, n = self.kv_manager(place.dp).held_blocks(req)
+        positions = np.nonzero(kv.owned(np.arange(n)))[0]
+        entries = {name: kv.gather(layer, name, table, len(positions))
+                   for name in kv.layers[layer]}
+        return positions, entries
 
     # ------------------------------------------------------------ engine hooks
     def copy_kv(self, src_dp: int, dst_dp: int, src_blocks, dst_blocks) -> None:

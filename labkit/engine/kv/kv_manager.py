@@ -105,6 +105,19 @@ class KVManager:
         table = self.tables.get(request_id)
         return table.view() if table else EMPTY
 
+    def held_blocks(self, req) -> tuple[np.ndarray, int]:
+        """The blocks holding req's KV and how many tokens they cover: its table while
+        it runs; once freed, the full blocks of it still cached (its hint's prefix)."""
+        table = self.tables.get(req.request_id)
+        if table is not None:
+            return table.view(), req.num_computed_tokens
+        hint = req.prefix_hint
+        if hint is None or hint.rank != self.rank or not len(hint.blocks):
+            return EMPTY, 0
+        alive = self.pool.generation[hint.blocks] == hint.generations
+        n = len(alive) if alive.all() else int(np.argmin(alive))
+        return hint.blocks[:n], n * self.block_size
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
