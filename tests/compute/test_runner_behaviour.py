@@ -137,3 +137,20 @@ def test_bad_compute_options_are_named(kwargs, match):
 def test_cuda_without_a_gpu_says_so():
     with pytest.raises(ConfigError, match="no CUDA GPU"):
         Engine(model="tiny-llama", backend="compute", device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("model,layout", [("tiny-llama", "tp2"), ("tiny-deepseek-v3", "dcp2"),
+                                          ("tiny-deepseek-v3.2", "tp1")])
+def test_cuda_runs_the_triton_kernels_and_agrees_with_the_cpu(model, layout):
+    from labkit.kernels import dispatch_counts
+
+    before = sum(n for (_, backend), n in dispatch_counts.items() if backend == "triton")
+    gpu, _ = _run(model, layout, device="cuda", num_speculative_tokens=2,
+                  max_num_batched_tokens=32)
+    cpu, _ = _run(model, layout, num_speculative_tokens=2, max_num_batched_tokens=32)
+    assert sum(n for (_, b), n in dispatch_counts.items() if b == "triton") > before
+    a, b = logits_by_row(gpu), logits_by_row(cpu)
+    assert a.keys() == b.keys()
+    assert max(max_rel_error(a[k].float(), b[k]) for k in a) < 1e-4
+    assert outputs(gpu) == outputs(cpu)
