@@ -6,6 +6,7 @@
                   [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
+    labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
     labkit bench sim | costmodel | layouts | kernels | compute
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from labkit.experiments.cli import add_sweep_parser
 
     add_sweep_parser(sub)
+    from labkit.experiments.pd_cli import add_pd_parser
+
+    add_pd_parser(sub, add_knob_flags)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target", choices=["sim", "costmodel", "layouts", "kernels", "compute"])
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             from labkit.experiments.cli import run_sweep_command
 
             return run_sweep_command(args)
+        if args.command == "pd":
+            from labkit.experiments.pd_cli import run_pd_command
+
+            return run_pd_command(args, knobs_from_args(args))
         if args.command == "bench":
             from labkit.bench import run_bench
 
@@ -275,6 +283,9 @@ def format_summary(summary: dict) -> str:
             "wall_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p50_s", "e2el_p50_s",
             "interactivity_p90_tok_s", "throughput_tok_s_per_gpu", "output_tok_s_per_gpu",
             "tpgs", "prefix_cache_hit_rate", "kv_cache_usage_peak", "preemptions"]
+    if summary.get("kv_offload_loaded_tokens"):  # offload tiers: their hits
+        keys += ["prefix_cache_local_hit_rate", "kv_offload_loaded_tokens"] + \
+            [k for k in summary if k.endswith(("_tier_hit_blocks", "_tier_evicted_blocks"))]
     width = max(len(k) for k in keys)
     return "\n".join(f"{k:<{width}}  {_fmt(summary.get(k))}" for k in keys)
 

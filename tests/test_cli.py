@@ -106,6 +106,8 @@ def test_malformed_trace_exits_2_with_file_and_line(capsys, tmp_path, case):
     (["--model", "tiny-llama", "--layout", "tp3"], ["tp3", "attention heads"]),
     (["--model", "tiny-llama", "--gpu-memory-utilization", "1.5"], ["gpu_memory_utilization"]),
     (["--model", "tiny-llama", "--acceptance-length", "5"], ["acceptance_length"]),
+    (["--model", "llama-3.1-8b", "--cpu-kv-gib", "0.0001"], ["cpu_kv_gib", "one KV block"]),
+    (["--model", "llama-3.1-8b", "--disk-kv-gib", "8"], ["disk_kv_gib", "cpu_kv_gib"]),
 ])
 def test_bad_presets_and_knobs_name_the_problem(capsys, trace_file, tmp_path, flags, words):
     out_dir = tmp_path / "never"
@@ -201,6 +203,24 @@ def test_compute_replay_of_a_tiny_trace_saves_generated_tokens(capsys, tmp_path)
     assert summary["backend"] == "compute" and summary["requests_completed"] >= 4
     table = pd.read_parquet(out_dir / "requests.parquet")
     assert (table.output_token_ids.map(len) == table.output_tokens).all()
+
+
+def test_offload_tiers_report_their_hits(capsys, tmp_path):
+    trace = tmp_path / "tiny.jsonl"
+    assert run(capsys, "trace", "gen", "--sessions", "3", "--seed", "1", "--tiny",
+               "--out", trace)[0] == 0
+    code, out, err = run(capsys, "replay", "--trace", trace, "--model", "tiny-llama",
+                         "--backend", "compute", "--concurrency", "3", "--duration-s", "20",
+                         "--num-gpu-blocks-override", "30", "--cpu-kv-gib", "0.0001",
+                         "--disk-kv-gib", "0.01", "--kv-offload-dir", tmp_path / "kv",
+                         "--no-progress")
+    assert code == 0, err
+    lines = dict(line.split() for line in out.splitlines() if line.count(" ") and
+                 len(line.split()) == 2)
+    assert int(lines["kv_offload_loaded_tokens"]) > 0
+    assert int(lines["disk_tier_hit_blocks"]) > 0
+    assert float(lines["prefix_cache_hit_rate"]) > float(lines["prefix_cache_local_hit_rate"])
+    assert list((tmp_path / "kv").glob("labkit-kv-0/*.kvb"))
 
 
 def test_compute_options_need_the_compute_backend(capsys, trace_file):

@@ -28,16 +28,20 @@ import math
 from collections.abc import Callable
 
 from labkit.engine.capacity import kv_capacity
-from labkit.engine.events import EventBus, KVFetched, RequestArrived, RequestFinished
+from labkit.engine.events import EventBus, RequestArrived, RequestFinished
 from labkit.engine.instance import Instance
 from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
+from labkit.engine.kv.state_snapshots import StateSnapshots
 from labkit.engine.metrics import StepRecorder
+from labkit.engine.offload import Offload
 from labkit.engine.request import Request, Status
 from labkit.engine.router import Router
-from labkit.engine.scheduler import Scheduler
+from labkit.engine.scheduler import RankBatch, Scheduler
 from labkit.engine.sim.data_plane import SimDataPlane
 from labkit.engine.sim.roofline import RooflineCostModel
+from labkit.engine.sim.work import StepWork
+from labkit.engine.transfer import RemoteFetch
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 from labkit.specs.dtypes import dtype_bytes
@@ -45,8 +49,6 @@ from labkit.specs.dtypes import dtype_bytes
 BACKENDS = ("sim", "compute")
 COST_MODELS = ("calibrated", "roofline")
 COMPUTE_KV_BUDGET_BYTES = 256 * 2**20  # per GPU, compute plane, unless overridden
-KV_FETCH_LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
-KV_FETCH_LINK_EFFICIENCY = 0.8
 _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
 
 
@@ -103,12 +105,10 @@ class Engine:
         self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
         for inst in self.instances:
             inst.kv_bytes_per_block = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
-        if self.config.session_kv_migration == "fetch":
-            for s in self.schedulers:
-                s.remote_prefix = self._remote_prefix
         self.router = Router(self.config.router, self.schedulers, self.events)
+        self.offload = self._prefix_sources(backend)
+        self._state_snapshots()
         if backend == "compute":
-            self.events.subscribe(self._copy_fetched_kv, KVFetched)
             self.events.subscribe(lambda e: self.data_plane.release(e.request.request_id),
                                   RequestFinished)
 
@@ -139,6 +139,50 @@ class Engine:
             raise unknown_choice("cost model", choice, COST_MODELS)
         return choice
 
+    def _state_snapshots(self) -> None:
+        """Hybrid models: prefix hits need a linear-attention state snapshot, kept in
+        pages of the KV block size (`kv/state_snapshots.py`)."""
+        if not (self.model.linear_layers and self.config.enable_prefix_caching):
+            return
+        page = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
+        pages = math.ceil(self.placement.state_bytes_per_gpu() / page)
+        for s in self.schedulers:
+            s.kv.snapshots = StateSnapshots(s.kv.pool, pages,
+                                            self.config.linear_state_retention)
+
+    def extra_summary(self) -> dict:
+        """Summary entries of the optional mechanisms: offload tiers, state snapshots."""
+        out = self.offload.summary() if self.offload is not None else {}
+        snaps = [s.kv.snapshots.stats for s in self.schedulers if s.kv.snapshots is not None]
+        if snaps:
+            for name in ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space",
+                         "hits", "tokens_recomputed"):
+                out[f"linear_state_{name}"] = sum(getattr(x, name) for x in snaps)
+        return out
+
+    def _prefix_sources(self, backend: str) -> Offload | None:
+        """Where else a prefix may come from (`transfer.py`): another DP rank's cache
+        (session_kv_migration="fetch") and the node's offload tiers (cpu_kv_gib)."""
+        compute = backend == "compute"
+        sources, offload = [], None
+        if self.config.session_kv_migration == "fetch":
+            sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
+                                       self.layout, self.events,
+                                       self.data_plane.copy_kv if compute else None))
+        if self.config.cpu_kv_gib:
+            offload = Offload(self.config, self.hardware, self.layout, self.placement,
+                              self.block_size, self.layout.num_dp_ranks, self.events,
+                              self._prefill_seconds,
+                              lambda r: self.schedulers[r.rank].kv.table(r.request_id))
+            sources.append(offload.offer)
+            for s in self.schedulers:
+                s.kv.on_cached = offload.cached
+            if compute:
+                offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
+        for s in self.schedulers:
+            s.prefix_sources = sources
+        return offload
+
     def _compute_plane(self, opts: dict):
         """The compute data plane, with its KV blocks capped to what fits in
         `COMPUTE_KV_BUDGET_BYTES` per GPU (unless num_gpu_blocks_override says)."""
@@ -156,13 +200,6 @@ class Engine:
             kv_manager=lambda dp: self.schedulers[dp].kv,
             device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
             cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
-
-    def _copy_fetched_kv(self, event: KVFetched) -> None:
-        """Compute plane: a fetched prefix really moves, block by block, now."""
-        req = self.requests[event.request_id]
-        src = self.schedulers[event.src_rank].kv.lookup(req).blocks
-        dst = self.schedulers[event.rank].kv.table(req.request_id)[:len(src)]
-        self.data_plane.copy_kv(event.src_rank, event.rank, src, dst)
 
     @property
     def gpus(self) -> int:
@@ -195,21 +232,12 @@ class Engine:
                 f"raise num_gpu_blocks_override / gpu_memory_utilization or use more GPUs"
             )
 
-    def _remote_prefix(self, req: Request) -> tuple[int, float]:
-        """A session moved to another rank: how much of its prefix its old rank still
-        holds, and the seconds to copy that KV over (each GPU its own shard, in
-        parallel, over NVLink inside a node and the NIC across nodes)."""
-        hint = req.prefix_hint
-        if hint is None or hint.rank == req.rank:
-            return 0, 0.0
-        tokens = self.schedulers[hint.rank].kv.lookup(req).num_tokens
-        if not tokens:
-            return 0, 0.0
-        nbytes = tokens * self.placement.kv_bytes_per_token_per_gpu()
-        per_node = max(1, self.hardware.gpus_per_node // self.layout.gpus_per_replica)
-        same_node = hint.rank // per_node == req.rank // per_node
-        link = self.hardware.nvlink_bandwidth if same_node else self.hardware.internode_bandwidth
-        return tokens, KV_FETCH_LATENCY_S + nbytes / (link * KV_FETCH_LINK_EFFICIENCY)
+    def _prefill_seconds(self, new_tokens: int, context: int) -> float:
+        """The cost model's time for one rank to prefill `new_tokens` after `context`
+        cached ones (what recomputing a prefix would cost)."""
+        batch = RankBatch(0, [None], [new_tokens], [context], [False])
+        return float(self.cost_model.step_timing(StepWork.from_batches([batch]),
+                                                 False).duration[0])
 
     # -------------------------------------------------------------- feeding
     def submit(self, req: Request, at: float | None = None) -> None:
@@ -265,14 +293,19 @@ class Engine:
             pass
 
     def _next_time(self) -> float:
+        """When the next live event happens (inf when none is left)."""
+        self._drop_stale_timers()
         a = self._arrivals[0][0] if self._arrivals else math.inf
         b = self._timers[0][0] if self._timers else math.inf
         return min(a, b)
 
-    def _process_next(self):
+    def _drop_stale_timers(self) -> None:
         while self._timers and self._timers[0][1] == _COMMIT and \
                 self._timers[0][4] != self._timers[0][3].plan_version:
             heapq.heappop(self._timers)  # that plan was cut short and rescheduled
+
+    def _process_next(self):
+        self._drop_stale_timers()
         arrival = self._arrivals[0] if self._arrivals else None
         timer = self._timers[0] if self._timers else None
         if arrival is None and timer is None:

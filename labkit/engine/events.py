@@ -192,6 +192,45 @@ class KVFetched(Event):
 
 
 @dataclass(slots=True)
+class KVOffloaded(Event):
+    """Newly cached blocks were written through to node `store`'s host tier; full tiers
+    moved their victims down (`num_demoted`) or let them go (`num_dropped`)."""
+
+    kind: ClassVar[str] = "kv_offloaded"
+    store: int
+    num_stored: int
+    num_demoted: int
+    num_dropped: int
+
+
+@dataclass(slots=True)
+class KVLoaded(Event):
+    """A call's prefix continues in the node's offload tiers: `num_tokens` of it are
+    loaded to `rank`'s GPUs (`tokens_by_tier`, e.g. {"cpu": 256, "disk": 64}); it can
+    compute `seconds` from now."""
+
+    kind: ClassVar[str] = "kv_loaded"
+    rank: int
+    request_id: str
+    num_tokens: int
+    tokens_by_tier: dict
+    seconds: float
+
+
+@dataclass(slots=True)
+class KVLoadDeclined(Event):
+    """The tiers hold `num_tokens` more of a call's prefix, but recomputing them
+    (`recompute_s`, the cost model's estimate) is quicker than loading (`load_s`)."""
+
+    kind: ClassVar[str] = "kv_load_declined"
+    rank: int
+    request_id: str
+    num_tokens: int
+    load_s: float
+    recompute_s: float
+
+
+@dataclass(slots=True)
 class CopyOnWrite(Event):
     kind: ClassVar[str] = "copy_on_write"
     rank: int

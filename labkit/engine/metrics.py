@@ -93,6 +93,8 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
             "finish_s": r.finish_s, "input_tokens": r.num_prompt_tokens,
             "cached_tokens": max(r.num_cached_tokens, 0),
             "fetched_tokens": r.num_fetched_tokens,
+            "offload_tokens": r.num_offload_tokens,
+            "transferred_tokens": r.num_transferred_tokens,
             "computed_prefill_tokens": r.num_computed_prefill_tokens,
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
@@ -152,13 +154,19 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_samples: np.ndarr
         "tpgs": physical / window / gpus,
         "prefix_cache_hit_rate": (float(admitted["cached_tokens"].sum()) / input_total
                                   if input_total else 0.0),
-        # the part of it served by the rank's own cache (not fetched from another rank)
+        # the part of it served by the rank's own GPU cache (not fetched from another
+        # rank, not loaded from the offload tiers)
         "prefix_cache_local_hit_rate": (
-            float((admitted["cached_tokens"] - admitted["fetched_tokens"]).sum()) / input_total
+            float((admitted["cached_tokens"] - admitted["fetched_tokens"]
+                   - admitted["offload_tokens"]).sum()) / input_total
             if input_total else 0.0),
         "kv_cache_usage_peak": float(steps["kv_usage"].max()) if len(steps) else 0.0,
         "preemptions": int(requests["preemptions"].sum()) if len(requests) else 0,
         "kv_fetched_tokens": int(requests["fetched_tokens"].sum()) if len(requests) else 0,
+        "kv_offload_loaded_tokens": (int(requests["offload_tokens"].sum())
+                                     if len(requests) else 0),
+        "kv_pd_transferred_tokens": (int(requests["transferred_tokens"].sum())
+                                     if len(requests) else 0),
         "steps": int(steps["step"].nunique()) if len(steps) else 0,
         "stall_s_per_rank_mean": float(steps["stall_s"].sum() / max(steps["rank"].nunique(), 1))
         if len(steps) else 0.0,
@@ -214,5 +222,6 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
                     "hardware": engine.hardware.name, "backend": engine.backend,
                     "router": engine.config.router, "block_size": engine.block_size,
                     "num_gpu_blocks_per_rank": engine.num_blocks_per_rank,
+                    **engine.extra_summary(),
                     "warmup_s": warmup_s, **(extra or {})})
     return ReplayResult(table, steps, summary)

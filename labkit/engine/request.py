@@ -56,6 +56,8 @@ class Request:
     output_token_ids: list = field(default_factory=list)  # generated tokens (compute plane)
     kv_ready_s: float = 0.0  # while its prefix KV is fetched from another rank: when done
     num_fetched_tokens: int = 0  # prefix tokens fetched from another rank's cache
+    num_offload_tokens: int = 0  # prefix tokens loaded from the node's offload tiers
+    num_transferred_tokens: int = 0  # prompt KV received from a prefill pool (P/D)
     # ---- timings and counters for metrics
     first_scheduled_s: float | None = None
     first_token_s: float | None = None

@@ -10,7 +10,9 @@ One scheduler per DP rank, in the style of vLLM's v1 scheduler (continuous batch
    until it fits — possibly the request itself.
 2. **Then waiting requests**, in policy order (FCFS, or priority then arrival), while
    budget, `max_num_seqs` and KV last. A request enters with its longest cached
-   prefix already counted as computed. No new request is admitted in a step that
+   prefix already counted as computed — or, when a prefix source offers more of it
+   (another rank's GPUs, the node's offload tiers: `transfer.py`), holds its blocks
+   and waits for that copy. No new request is admitted in a step that
    preempted (that would only thrash), nor, under `prefill_schedule_interval` N, on a
    step whose (rank-aligned) index is not a multiple of N — unless every rank of the
    instance would otherwise sit idle, since then waiting stalls nobody.
@@ -24,11 +26,10 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from labkit.engine.events import (
-    EventBus, FirstToken, KVFetched, RequestPreempted, RequestScheduled,
-)
+from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
 from labkit.engine.kv.kv_manager import NO_MATCH, KVManager, PrefixMatch
 from labkit.engine.request import Request, Status
+from labkit.engine.transfer import PrefixTransfer, best_transfer
 from labkit.specs.config import EngineConfig
 
 
@@ -102,7 +103,8 @@ class Scheduler:
         self.now = 0.0
         # Set by the engine: (tokens another rank holds of req's prefix, seconds to
         # fetch them here) — a session moved off the rank that has its KV.
-        self.remote_prefix = None
+        self.prefix_sources: list = []  # where else a prefix may come from (transfer.py)
+        self.hold_kv_on_finish = False  # keep a finished request's blocks (P/D prefill)
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -147,9 +149,9 @@ class Scheduler:
             if req.kv_ready_s > self.now:  # its prefix KV is still on the wire
                 i += 1
                 continue
-            if req.num_fetched_tokens and req.kv_ready_s:
+            if req.kv_ready_s:
                 req.kv_ready_s = 0.0
-                self.kv.cache_full_blocks(req)  # the fetched blocks arrived
+                self.kv.cache_full_blocks(req)  # the copied prefix arrived
             decode = req.is_decoding
             n = 1 + drafts if decode else req.num_pending_tokens
             if threshold and not decode:
@@ -184,18 +186,13 @@ class Scheduler:
             n = min(pending, threshold or pending, budget)
             if n < pending and not cfg.enable_chunked_prefill:
                 break
-            fetch_tokens, fetch_s = self._remote(req, cached, adopted)
-            if fetch_tokens:  # hold the blocks now, compute once the KV has arrived
-                if not self.kv.allocate(req, fetch_tokens - cached, match):
+            transfer = self._transfer(req, cached, adopted)
+            if transfer is not None:  # hold the blocks now, compute once the KV has arrived
+                if not self.kv.allocate(req, transfer.tokens - cached, match):
                     break
                 self.waiting.pop()
-                req.num_computed_tokens = fetch_tokens
-                req.num_fetched_tokens = fetch_tokens - cached
-                req.kv_ready_s = self.now + fetch_s
-                if self.events.wants(KVFetched):
-                    self.events.emit(KVFetched(self.now, self.rank, req.request_id,
-                                               req.prefix_hint.rank, req.num_fetched_tokens,
-                                               fetch_s))
+                req.num_computed_tokens = transfer.tokens
+                req.kv_ready_s = self.now + transfer.admit(req, self.now)
                 self._start(req)
                 continue
             if not self.kv.allocate(req, n, match):
@@ -207,12 +204,13 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _remote(self, req: Request, cached: int, adopted: bool) -> tuple[int, float]:
-        """Prefix tokens worth fetching from another rank, and how long that takes."""
-        if adopted or self.remote_prefix is None or req.num_cached_tokens >= 0:
-            return 0, 0.0
-        tokens, seconds = self.remote_prefix(req)
-        return (tokens, seconds) if tokens > cached else (0, 0.0)
+    def _transfer(self, req: Request, cached: int, adopted: bool) -> PrefixTransfer | None:
+        """The best offer to copy more of req's prefix than this rank caches (see
+        `transfer.py`); only at a request's first admission."""
+        if adopted or not self.prefix_sources or req.num_cached_tokens >= 0:
+            return None
+        offer = best_transfer(source(req, cached, self.now) for source in self.prefix_sources)
+        return offer if offer is not None and offer.tokens > cached else None
 
     def next_ready_s(self) -> float | None:
         """When the first request still fetching KV can run (None if none is)."""
@@ -297,4 +295,7 @@ class Scheduler:
         self.running.remove(req)
         req.status = Status.FINISHED
         req.finish_s = t
+        if self.hold_kv_on_finish:  # a P/D prefill: its KV waits to be sent (disagg.py)
+            req.prefix_hint = None
+            return
         req.prefix_hint = self.kv.free(req)

@@ -58,6 +58,19 @@ class EngineConfig:
     session_kv_migration: str = knob(
         "fetch", "a call routed away from the rank holding its session's KV: fetch that KV "
         "over the interconnect, or recompute it", ("fetch", "recompute"))
+    cpu_kv_gib: float = knob(
+        0.0, "GiB of CPU DRAM per node that holds KV offloaded from its GPUs (0: no CPU tier)")
+    disk_kv_gib: float = knob(
+        0.0, "GiB of node-local disk that holds KV evicted from the CPU tier (0: no disk tier)")
+    kv_offload_eviction: str = knob("lru", "which blocks an offload tier keeps when full",
+                                    ("lru", "arc"))
+    kv_offload_dir: str | None = knob(
+        None, "compute plane: where the disk tier writes its block files (default: a "
+        "temporary directory)")
+    linear_state_retention: str = knob(
+        "both", "hybrid models: when to snapshot linear-attention state for prefix reuse "
+        "(interval: end of every call; selective: a prefix seen a second time)",
+        ("both", "interval", "selective", "none"))
     seed: int = knob(0, "seed of every random choice")
     sim_fast_forward: bool = knob(
         True, "simulate runs of steady decode steps in one go (same results, faster)")
@@ -92,6 +105,12 @@ class EngineConfig:
         _positive_or_none(self, "block_size", "num_gpu_blocks_override", "max_model_len",
                           "decode_context_parallel_size")
         _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens")
+        if self.cpu_kv_gib < 0 or self.disk_kv_gib < 0:
+            raise ConfigError(f"cpu_kv_gib={self.cpu_kv_gib} and disk_kv_gib="
+                              f"{self.disk_kv_gib} must be >= 0")
+        if self.disk_kv_gib and not self.cpu_kv_gib:
+            raise ConfigError("disk_kv_gib needs a CPU tier above it: set cpu_kv_gib too "
+                              "(blocks reach the disk when the CPU tier evicts them)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")

@@ -29,6 +29,12 @@ class HardwareSpec:
     pcie_bandwidth: float  # bytes/s per direction, host link
     gpus_per_node: int = 8
     source: str = ""
+    # The node around the GPUs, for KV offload tiers (DGX H100/H200/B200 class nodes).
+    host_memory_bytes: float = 2 * TB  # CPU DRAM per node
+    host_link_latency_s: float = 10e-6  # one host<->GPU copy: launch + first byte
+    disk_bytes: float = 30.72 * TB  # 8 x 3.84 TB NVMe U.2 per node
+    disk_bandwidth: float = 50 * GB  # node aggregate read, 8 drives x ~6.5 GB/s
+    disk_latency_s: float = 100e-6  # an NVMe read of a block-sized extent
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for a GEMM in `dtype` (fp8 weights run fp8 GEMMs)."""

@@ -37,6 +37,7 @@ from labkit.engine.compute.rank import Rank
 from labkit.engine.compute.rank_model import rank_forward
 from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
 from labkit.engine.compute.step_batch import Entry, StepBatch
+from labkit.engine.compute.tier_bytes import TierBytes
 from labkit.engine.sim.work import StepTiming, StepWork
 from labkit.errors import ConfigError, unknown_choice
 
@@ -82,6 +83,7 @@ class ComputeDataPlane:
         self.seconds = {"host": 0.0, "forward": 0.0, "collectives": 0.0}
         self.accepted_drafts = 0
         self.proposed_drafts = 0
+        self.tiers: TierBytes | None = None  # the offload tiers' bytes, when configured
 
     def _build_rank(self, place, full: dict) -> Rank:
         w = rank_weights(self.spec, full, place, self.layout, self.device)
@@ -229,12 +231,20 @@ class ComputeDataPlane:
         for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
             self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
 
+    def tier_bytes(self, directory: str | None = None) -> TierBytes:
+        """The KV offload tiers' bytes (host tensors, block files), kept in step with
+        the control plane's tier moves; closed with the plane."""
+        self.tiers = TierBytes(self, directory)
+        return self.tiers
+
     def release(self, request_id: str) -> None:
         for r in self.ranks:
             r.linear.release(request_id)
 
     def close(self) -> None:
         self.cluster.close()
+        if self.tiers is not None:
+            self.tiers.close()
 
 
 def check_device(device: str) -> torch.device:

@@ -59,6 +59,10 @@ class PrefixMatch:
     blocks: np.ndarray
     num_tokens: int
     forked: bool = False  # ends in a partly filled block adopted from the parent
+    # hybrid models (state_snapshots.py): KV blocks cached, of which usable (a state
+    # snapshot ends the prefix) are `num_tokens`; where a snapshot is worth saving
+    cached_blocks: int = 0
+    checkpoint_blocks: int = 0
 
 
 NO_MATCH = PrefixMatch(EMPTY, 0)
@@ -93,6 +97,12 @@ class KVManager:
         self.rank = rank
         self.pool = BlockPool(num_blocks, enable_caching, self.events, rank)
         self.tables: dict[str, BlockTable] = {}
+        # (rank, blocks, keys, now) on every block registered in the prefix cache: the
+        # write-through into the node's offload tiers (engine/offload.py), if any
+        self.on_cached = None
+        # hybrid models: linear-attention state snapshots (state_snapshots.py), if any
+        self.snapshots = None
+        self._checkpoints: dict[str, int] = {}  # request -> block boundary to snapshot
 
     @property
     def num_blocks(self) -> int:
@@ -144,6 +154,8 @@ class KVManager:
             m += 1
         if extra:
             found = np.concatenate([found, np.array(extra, dtype=np.int32)])
+        if self.snapshots is not None:
+            return self._with_state(req, found, m)
         tokens = m * self.block_size
         if req.forked_tokens:
             tail_tokens = self._adoptable_tail(req, m)
@@ -151,6 +163,14 @@ class KVManager:
                 found = np.append(found, np.int32(req.prefix_hint.tail))
                 return PrefixMatch(found, tokens + tail_tokens, forked=True)
         return PrefixMatch(found, tokens, forked=req.forked_tokens > 0 and tokens > 0)
+
+    def _with_state(self, req, found: np.ndarray, m: int) -> PrefixMatch:
+        """A hybrid model reuses cached KV only up to a boundary with a state snapshot
+        (no forked tail: the state at a mid-block position was never saved)."""
+        usable = self.snapshots.usable_blocks(req.keys, m)
+        checkpoint = m if m > usable and self.snapshots.selective else 0
+        return PrefixMatch(found[:usable], usable * self.block_size, cached_blocks=m,
+                           checkpoint_blocks=checkpoint)
 
     def _adoptable_tail(self, req, num_full: int) -> int:
         """Tokens of the parent's partial tail block a forked child can adopt (or 0)."""
@@ -234,6 +254,10 @@ class KVManager:
     def _open_table(self, req, match: PrefixMatch) -> BlockTable:
         table = BlockTable(self.blocks_needed(req.max_tokens))
         hit = match.blocks
+        if self.snapshots is not None:
+            self.snapshots.note_lookup(match.cached_blocks, len(hit), self.block_size)
+            if match.checkpoint_blocks:
+                self._checkpoints[req.request_id] = match.checkpoint_blocks
         if len(hit):
             self.pool.touch(hit)
             table.extend(hit)
@@ -279,9 +303,15 @@ class KVManager:
         full = min(req.num_computed_tokens // self.block_size, req.keys.num_blocks, table.n)
         if full > table.num_keyed:
             blocks = table.blocks[table.num_keyed : full]
-            self.pool.cache_blocks(blocks, req.keys.keys(table.num_keyed, full),
-                                   req.request_id)
+            keys = req.keys.keys(table.num_keyed, full)
+            self.pool.cache_blocks(blocks, keys, req.request_id)
             table.num_keyed = full
+            if self.on_cached is not None:
+                self.on_cached(self.rank, blocks, keys, self.pool.now)
+            boundary = self._checkpoints.get(req.request_id, 0)
+            if boundary and full >= boundary:  # computed past a prefix seen before
+                self.snapshots.save(req.keys.key(boundary - 1), "second_sight")
+                del self._checkpoints[req.request_id]
 
     # ------------------------------------------------------------- release
     def free(self, req) -> PrefixHint | None:
@@ -301,6 +331,14 @@ class KVManager:
         self.pool.free(blocks[::-1])
         if self.events.wants(BlocksFreed):
             self.events.emit(BlocksFreed(self.pool.now, self.rank, req.request_id, blocks.copy()))
+        if self.snapshots is not None:
+            self._checkpoints.pop(req.request_id, None)
+            # the state after the last full block (its KV may be cached by another
+            # table: a recomputed prefix does not re-key blocks already cached)
+            boundary = min(computed // self.block_size, req.keys.num_blocks) \
+                if req.keys is not None else 0
+            if self.snapshots.interval and req.finish_s is not None and boundary:
+                self.snapshots.save(req.keys.key(boundary - 1), "call_end")
         return hint
 
     def fork(self, parent, child, num_tokens: int) -> None:

@@ -1,0 +1,181 @@
+"""One request's KV, moved from one compute data plane (one layout) into another.
+
+Prefill/decode disaggregation computes a prompt's KV on a prefill pool laid out for long
+prompts (token-sharded under PCP/DCP, e.g. `pcp2xdcp2`) and decodes it on a pool laid out
+for many short steps (paged per DP rank, e.g. `dp2` or `tp2`). The same logical KV is
+spread differently over the GPUs of the two replicas, so it crosses in a neutral form:
+
+- **logical tensors**, per attention layer and cache name, one row per position: GQA
+  `k`, `v` `[T, num_kv_heads, head_dim]` (all of the model's KV heads), MLA `latent`
+  `[T, kv_lora_rank + rope_dim]`, DSA `index_k` `[T, index_head_dim]`;
+- **export** (`export_kv`) assembles them from every GPU of the source replica: each PP
+  stage gives its layers, each TP rank its heads (the slice starting at
+  `heads_class(tp_index) * heads_here`), each DCP member the positions it owns. Copies
+  (PCP members without DCP, TP ranks replicating a KV head) hold the same entries; any
+  one is read. Every position, head and layer must come from some GPU, or it raises
+  ValueError: a wrong layout mapping fails loudly instead of producing zeros.
+- **import** (`import_kv`) cuts them again for the destination replica and writes every
+  GPU's part at the slots of the request's blocks there (`PagedKV.slots`), every copy
+  included, so that any GPU may later read its KV as if it had computed it.
+
+Block tables are the KV manager's physical block ids on the DP rank in question (the two
+planes' ids are unrelated); positions `start..` let a transfer skip a prefix the
+destination already holds (a prefix-cache hit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+KVData = dict[int, dict[str, torch.Tensor]]
+
+
+def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0) -> KVData:
+    """The KV of positions start..num_tokens-1 of a request whose block table on DP rank
+    `dp_rank` of `plane` is `blocks` (physical block ids covering num_tokens), as full
+    logical tensors per layer and cache name (see the module docstring), on the plane's
+    device. Raises ValueError when the blocks do not cover the positions or when the
+    replica's GPUs leave a position, head or layer uncovered."""
+    table = _check_table(plane, dp_rank, blocks, num_tokens, start)
+    positions = np.arange(start, num_tokens, dtype=np.int64)
+    out: KVData = {}
+    covered: dict[tuple[int, str], torch.Tensor] = {}
+    for gpu in plane.mesh.replica_gpus(dp_rank):
+        kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
+        rows, slots = _owned_slots(kv, positions, table, plane.block_size)
+        rows_t = torch.as_tensor(rows, dtype=torch.long)
+        for layer, named in kv.layers.items():
+            for name, cache in named.items():
+                entries = _read(cache, slots, kv.local_block_size)
+                full = out.setdefault(layer, {}).get(name)
+                if full is None:
+                    full = cache.new_zeros((len(positions),) + _logical_shape(plane, cache))
+                    out[layer][name] = full
+                    covered[layer, name] = torch.zeros(full.shape[:_head_dims(name) + 1],
+                                                       dtype=torch.bool)
+                heads = _head_slice(plane, place, name, cache)
+                idx = rows_t.to(full.device)
+                if heads is None:
+                    full[idx] = entries
+                    covered[layer, name][rows_t] = True
+                else:
+                    full[idx, heads] = entries
+                    covered[layer, name][rows_t, heads] = True
+    _check_coverage(plane, dp_rank, out, covered, start)
+    return out
+
+
+def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0) -> None:
+    """Write `data` (as `export_kv` returns it; positions start..start+T-1) into the paged
+    caches of DP rank `dp_rank` of `plane` at the request's blocks `blocks`: every GPU of
+    the replica takes its stage's layers, its head slice and (under DCP) its owned
+    positions; copies are all written."""
+    num_new = _check_data(plane, dp_rank, data)
+    table = _check_table(plane, dp_rank, blocks, start + num_new, start)
+    positions = np.arange(start, start + num_new, dtype=np.int64)
+    for gpu in plane.mesh.replica_gpus(dp_rank):
+        kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
+        rows, slots = _owned_slots(kv, positions, table, plane.block_size)
+        for layer, named in kv.layers.items():
+            mine = {}
+            for name, cache in named.items():
+                values = data[layer][name].to(cache.device)
+                values = values[torch.as_tensor(rows, dtype=torch.long, device=cache.device)]
+                heads = _head_slice(plane, place, name, cache)
+                mine[name] = (values if heads is None else values[:, heads]).to(cache.dtype)
+            for name, values in mine.items():
+                if name == "k":
+                    kv.write_kv(layer, values, mine["v"], slots)
+                elif name != "v":
+                    kv.write(layer, name, values, slots)
+
+
+# ---------------------------------------------------------------- internals
+def _check_table(plane, dp_rank: int, blocks, num_tokens: int, start: int) -> np.ndarray:
+    if not 0 <= dp_rank < plane.layout.dp:
+        raise ValueError(f"DP rank {dp_rank} does not exist (layout {plane.layout.text!r} "
+                         f"has {plane.layout.dp})")
+    if not 0 <= start <= num_tokens:
+        raise ValueError(f"positions start={start}..num_tokens={num_tokens} are not a range "
+                         f"(need 0 <= start <= num_tokens)")
+    table = np.asarray(blocks, dtype=np.int64).reshape(-1)
+    needed = -(-num_tokens // plane.block_size)
+    if len(table) < needed:
+        raise ValueError(f"{len(table)} blocks of {plane.block_size} tokens cannot hold "
+                         f"{num_tokens} tokens (need {needed})")
+    used = table[start // plane.block_size:needed]
+    if len(used) and (used.min() < 0 or used.max() >= plane.num_blocks):
+        raise ValueError(f"block ids {used.tolist()} outside the pool of "
+                         f"{plane.num_blocks} blocks")
+    return table
+
+
+def _owned_slots(kv, positions: np.ndarray, table: np.ndarray, block_size: int):
+    """Which of `positions` this GPU owns (their rows) and their physical slots."""
+    rows = np.nonzero(kv.owned(positions))[0]
+    mine = positions[rows]
+    return rows, kv.slots(mine, table[mine // block_size])
+
+
+def _read(cache: torch.Tensor, slots: np.ndarray, local_block_size: int) -> torch.Tensor:
+    s = torch.as_tensor(slots, dtype=torch.long, device=cache.device)
+    return cache[s // local_block_size, s % local_block_size]
+
+
+def _head_dims(name: str) -> int:
+    return 1 if name in ("k", "v") else 0
+
+
+def _logical_shape(plane, cache: torch.Tensor) -> tuple[int, ...]:
+    per_token = tuple(cache.shape[2:])
+    if len(per_token) == 2:  # GQA k / v: [heads_here, head_dim] -> all KV heads
+        return (plane.spec.num_kv_heads, per_token[1])
+    return per_token
+
+
+def _head_slice(plane, place, name: str, cache: torch.Tensor) -> slice | None:
+    if not _head_dims(name):
+        return None
+    here = cache.shape[2]
+    first = plane.mesh.heads_class(place.tp_index) * here
+    return slice(first, first + here)
+
+
+def _attention_layers(plane) -> list[int]:
+    spec = plane.spec
+    return [i for i in range(spec.num_layers) if not spec.is_linear_layer(i)]
+
+
+def _check_coverage(plane, dp_rank, out: KVData, covered, start: int) -> None:
+    where = f"DP rank {dp_rank} of layout {plane.layout.text!r}"
+    missing_layers = sorted(set(_attention_layers(plane)) - set(out))
+    if missing_layers:
+        raise ValueError(f"no GPU of {where} holds KV of layers {missing_layers}")
+    for (layer, name), mask in covered.items():
+        if not bool(mask.all()):
+            holes = (~mask).nonzero()
+            pos = sorted({int(p) + start for p in holes[:, 0]})
+            what = f"positions {pos[:8]}{'...' if len(pos) > 8 else ''}"
+            if mask.dim() > 1:
+                what += f", heads {sorted({int(h) for h in holes[:, 1]})}"
+            raise ValueError(f"layer {layer} {name!r}: no GPU of {where} holds {what}")
+
+
+def _check_data(plane, dp_rank: int, data: KVData) -> int:
+    sizes = {t.shape[0] for named in data.values() for t in named.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"KV tensors disagree on the number of positions: {sorted(sizes)}")
+    num_new = sizes.pop() if sizes else 0
+    for gpu in plane.mesh.replica_gpus(dp_rank):
+        for layer, named in plane.ranks[gpu].kv.layers.items():
+            if layer not in data:
+                raise ValueError(f"KV data has no layer {layer} (it has {sorted(data)})")
+            for name, cache in named.items():
+                t = data[layer].get(name)
+                want = _logical_shape(plane, cache)
+                if t is None or tuple(t.shape[1:]) != want:
+                    got = "none" if t is None else list(t.shape)
+                    raise ValueError(f"layer {layer} {name!r}: expected [T, "
+                                     f"{', '.join(map(str, want))}] KV, got {got}")
+    return num_new

@@ -1,0 +1,337 @@
+"""Prefill/decode disaggregation: two pools of one model on one virtual clock.
+
+A *prefill* pool computes each call's prompt KV and its first token; the call then
+moves to a *decode* pool, which receives that KV over the network (NIXL-like: each GPU
+its own NIC, bandwidth-bound) and generates the rest. Each pool has its own layout
+and size — typically a token-sharded prefill (PCP, DCP) that finishes long prompts
+fast and a paged decode (DP, DEP) that holds many calls' KV. Neither role's steps
+are disturbed by the other's work.
+
+`PDEngine` holds `num_prefill` prefill groups and `num_decode` decode groups, each a
+plain `Engine` (its own schedulers, KV managers, data plane), and interleaves their
+events by time. A call goes:
+
+1. **to a prefill group**, prefix-aware: the one whose prefix cache holds the most of
+   the prompt (unless loads differ a lot) — so a session's later calls find their
+   context there. It runs as a call with one output token. Its blocks stay held when
+   it finishes: the KV still has to be sent.
+2. **to a decode group**, session-sticky: the group that decoded the session's
+   previous call still caches its prompt and output, so only the new part of the
+   prompt crosses the network — prefix reuse survives the conversion. The decode
+   scheduler admits it like a fetched prefix (`transfer.py`): the call holds its
+   blocks and waits for the transfer, other calls keep decoding.
+3. The transfer moves the prompt tokens the decode group lacks: each prefill GPU sends
+   its shard, each decode GPU receives its own share, and the decode side rewrites
+   the token-sharded layout into its paged one (a pass over HBM). On the compute
+   plane the bytes really move (`compute/kv_convert.py`). Then the prefill blocks are
+   released (into the prefill prefix cache).
+
+The two layouts must agree on what a KV block is: the same block size and KV dtype
+(see `check_pd_pair`); anything else is converted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+import pandas as pd
+
+from labkit.engine.engine import Engine
+from labkit.engine.events import EventBus
+from labkit.engine.metrics import ReplayResult
+from labkit.engine.request import Request, Status
+from labkit.engine.transfer import PrefixTransfer
+from labkit.errors import ConfigError
+
+PD_TRANSFER_LATENCY_S = 100e-6  # RDMA set-up and the first bytes of one call's KV
+PD_LINK_EFFICIENCY = 0.8
+_BALANCE = 8  # prefix-aware routing falls back to the least loaded beyond this
+
+
+class PDEngine:
+    def __init__(self, model="llama-3.1-8b", prefill_layout="tp1", decode_layout="tp1",
+                 hardware="h200", num_prefill: int = 1, num_decode: int = 1,
+                 backend: str = "sim", cost_model=None, *, prefill_knobs: dict | None = None,
+                 decode_knobs: dict | None = None, **knobs) -> None:
+        """`knobs` (EngineConfig names) apply to both roles; `prefill_knobs` /
+        `decode_knobs` override them for one role (e.g. num_speculative_tokens for
+        decode only). `backend="compute"` also takes device/dtype/clock via knobs."""
+        for name, n in (("num_prefill", num_prefill), ("num_decode", num_decode)):
+            if not isinstance(n, int) or n < 1:
+                raise ConfigError(f"{name}={n!r} must be an integer >= 1")
+        p_knobs = {**knobs, **(prefill_knobs or {})}
+        d_knobs = {**knobs, **(decode_knobs or {})}
+        self.prefill = [Engine(model, prefill_layout, hardware, backend, cost_model,
+                               **{**p_knobs, "router": p_knobs.get("router", "prefix_aware")})
+                        for _ in range(num_prefill)]
+        self.decode = [Engine(model, decode_layout, hardware, backend, cost_model,
+                              **{**d_knobs, "router": d_knobs.get("router", "session_sticky")})
+                       for _ in range(num_decode)]
+        check_pd_pair(self.prefill[0], self.decode[0])
+        first = self.decode[0]
+        self.model, self.hardware, self.backend = first.model, first.hardware, backend
+        self.config, self.block_size = first.config, first.block_size
+        self.layout = _PDLayout(self.prefill[0].layout.text, num_prefill,
+                                first.layout.text, num_decode)
+        self.events = EventBus()  # P/D-level events; each group has its own bus too
+        self.step_recorder = _Steps(self)
+        for e in self.prefill:
+            for s in e.schedulers:
+                s.hold_kv_on_finish = True
+            e.finish_callbacks.append(self._prefilled)
+        for e in self.decode:
+            for s in e.schedulers:
+                s.prefix_sources = [self._offer_handoff, *s.prefix_sources]
+            e.finish_callbacks.append(self._decoded)
+        self.now = 0.0
+        self.stop_s = math.inf
+        self.requests: dict[str, Request] = {}
+        self.finish_callbacks: list[Callable[[Request, float], None]] = []
+        self._arrivals: list = []
+        self._seq = 0
+        self._shadow: dict[str, Request] = {}  # request id -> its prefill-side call
+        self._prefill_of: dict[str, Engine] = {}
+        self._decode_of: dict[str, Engine] = {}
+        self._prefilled_calls: dict[str, Request] = {}  # prompt done and sent: for results
+        self._home: dict[str, int] = {}  # session -> decode group
+        self.transfers: list[dict] = []  # one row per P->D transfer
+
+    # ------------------------------------------------------------- set-up
+    @property
+    def gpus(self) -> int:
+        return sum(e.gpus for e in self.prefill + self.decode)
+
+    @property
+    def num_blocks_per_rank(self) -> int:
+        return self.decode[0].num_blocks_per_rank
+
+    def check_fits(self, request_id: str, input_tokens: int, output_tokens: int) -> None:
+        self.prefill[0].check_fits(request_id, input_tokens, 1)
+        self.decode[0].check_fits(request_id, input_tokens, output_tokens)
+
+    # ------------------------------------------------------------ feeding
+    submit = Engine.submit  # a call reaches the P/D router at `at` (the same code)
+    submit_prompt = Engine.submit_prompt  # a call given by its token ids (the same code)
+
+    # ------------------------------------------------------------ running
+    def _engines(self) -> list[Engine]:
+        return self.prefill + self.decode
+
+    def _next_time(self) -> float:
+        own = self._arrivals[0][0] if self._arrivals else math.inf
+        return min([own] + [e._next_time() for e in self._engines()])
+
+    def has_events(self) -> bool:
+        return self._next_time() < self.stop_s
+
+    def step(self) -> bool:
+        """Process events, in time order across all groups, up to the next committed
+        step of any group. False when nothing is left before `stop_s`."""
+        from labkit.engine.engine import _COMMIT
+
+        while True:
+            own = self._arrivals[0][0] if self._arrivals else math.inf
+            times = [e._next_time() for e in self._engines()]
+            t = min([own] + times)
+            if t >= self.stop_s or t == math.inf:
+                return False
+            self.now = t
+            if own <= t:
+                self._route(heapq.heappop(self._arrivals)[2])
+                continue
+            engine = self._engines()[times.index(t)]
+            engine.stop_s = self.stop_s
+            if engine._process_next() == _COMMIT:
+                return True
+
+    def run_until(self, t: float = math.inf) -> None:
+        self.stop_s = t
+        while self.step():
+            pass
+
+    # ------------------------------------------------------------ the flow
+    def _route(self, req: Request) -> None:
+        """Arrival: the prompt goes to a prefill group (prefix-aware)."""
+        loads = [sum(e.router.load(r) for r in range(len(e.schedulers))) for e in self.prefill]
+        if max(loads) - min(loads) > _BALANCE:
+            g = loads.index(min(loads))
+        else:
+            hits = [max(s.kv.lookup(req).num_tokens for s in e.schedulers) for e in self.prefill]
+            g = min(range(len(self.prefill)), key=lambda i: (-hits[i], loads[i]))
+        shadow = Request(request_id=req.request_id, session_id=req.session_id,
+                         num_prompt_tokens=req.num_prompt_tokens, max_output_tokens=1,
+                         arrival_s=req.arrival_s, kind=req.kind, parent_id=req.parent_id,
+                         priority=req.priority, keys=req.keys, trace=req.trace)
+        shadow.prompt_token_ids = req.prompt_token_ids
+        self._shadow[req.request_id] = shadow
+        self._prefill_of[req.request_id] = self.prefill[g]
+        self.prefill[g].submit(shadow, at=self.now)
+
+    def _prefilled(self, shadow: Request, t: float) -> None:
+        """A prompt is computed and its first token sampled: on to a decode group."""
+        req = self.requests[shadow.request_id]
+        req.output_token_ids = list(shadow.output_token_ids)
+        req.first_scheduled_s = shadow.first_scheduled_s
+        req.emit(1, shadow.first_token_s)
+        if req.max_output_tokens <= 1:  # nothing left to decode
+            self._release_prefill(req.request_id)
+            self._finish(req, t)
+            return
+        g = self._home.get(req.session_id)
+        if g is None:
+            loads = [sum(e.router.load(r) for r in range(len(e.schedulers)))
+                     for e in self.decode]
+            g = self._home[req.session_id] = loads.index(min(loads))
+        arrival, first = req.arrival_s, req.first_token_s
+        req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
+        self._decode_of[req.request_id] = self.decode[g]
+        self.decode[g].submit(req, at=t)
+        req.arrival_s = arrival  # the call's own arrival, for TTFT and E2EL
+        req.first_token_s = first
+
+    def _offer_handoff(self, req: Request, cached: int, now: float) -> PrefixTransfer | None:
+        """Decode admission (a prefix source): the prompt KV the prefill group holds."""
+        shadow = self._shadow.get(req.request_id)
+        if shadow is None:
+            return None
+        tokens = shadow.num_prompt_tokens
+        if tokens <= cached:  # the decode group caches it all already
+            self._release_prefill(req.request_id)
+            return None
+        prefill = self._prefill_of[req.request_id]
+        decode = self._decode_of[req.request_id]
+        seconds = transfer_seconds(prefill, decode, tokens - cached)
+
+        def admit(r: Request, now: float) -> float:
+            r.num_transferred_tokens = tokens - cached
+            if self.backend == "compute":
+                self._copy_kv(prefill, shadow, decode, r, cached, tokens)
+            self.transfers.append({"request_id": r.request_id, "start_s": now,
+                                   "seconds": seconds, "tokens": tokens - cached,
+                                   "decode_cached_tokens": cached})
+            self._release_prefill(r.request_id)
+            return seconds
+        return PrefixTransfer(tokens, seconds, admit)
+
+    def _copy_kv(self, prefill: Engine, shadow: Request, decode: Engine, req: Request,
+                 start: int, stop: int) -> None:
+        from labkit.engine.compute.kv_convert import export_kv, import_kv
+
+        src = prefill.schedulers[shadow.rank].kv.table(shadow.request_id)
+        dst = decode.schedulers[req.rank].kv.table(req.request_id)
+        data = export_kv(prefill.data_plane, shadow.rank, src, stop, start=start)
+        import_kv(decode.data_plane, req.rank, dst, data, start=start)
+
+    def _release_prefill(self, request_id: str) -> None:
+        shadow = self._shadow.pop(request_id, None)
+        if shadow is not None:
+            engine = self._prefill_of.pop(request_id)
+            engine.schedulers[shadow.rank].kv.free(shadow)
+            self._prefilled_calls[request_id] = shadow
+
+    def _decoded(self, req: Request, t: float) -> None:
+        self._finish(req, t)
+
+    def _finish(self, req: Request, t: float) -> None:
+        self._decode_of.pop(req.request_id, None)
+        shadow = self._prefilled_calls.pop(req.request_id, None)
+        if shadow is not None:  # the call's prompt work happened on the prefill side
+            req.num_cached_tokens = shadow.num_cached_tokens
+            req.num_computed_prefill_tokens += shadow.num_computed_prefill_tokens
+            req.num_preemptions += shadow.num_preemptions
+        req.status, req.finish_s = Status.FINISHED, t
+        for callback in self.finish_callbacks:
+            callback(req, t)
+
+    # ------------------------------------------------------------ results
+    def extra_summary(self) -> dict:
+        """The groups' optional-mechanism counters (offload tiers, state snapshots)."""
+        out: dict = {}
+        for e in self._engines():
+            for key, value in e.extra_summary().items():
+                out[key] = out.get(key, 0) + value
+        return out
+
+    def replay(self, trace, concurrency: int | None = None, duration_s: float | None = None,
+               open_loop: bool = False, **options) -> ReplayResult:
+        from labkit.engine.replay import replay
+
+        return replay(self, trace, concurrency=concurrency, duration_s=duration_s,
+                      open_loop=open_loop, **options)
+
+    def result(self, warmup_s: float = 0.0, wall_s: float = 0.0) -> ReplayResult:
+        from labkit.engine.metrics import collect_result
+
+        return collect_result(self, warmup_s=warmup_s, end_s=max(self.now, warmup_s),
+                              wall_s=wall_s)
+
+
+def transfer_seconds(prefill: Engine, decode: Engine, tokens: int) -> float:
+    """Time to move `tokens` of one call's KV from a prefill group to a decode group:
+    the prefill GPUs share the sending (one copy of the KV, each GPU its NIC), each
+    decode GPU receives its own share, then rewrites it into its paged layout."""
+    if tokens <= 0:
+        return 0.0
+    hw = decode.hardware
+    one_copy = tokens * prefill.placement.kv_bytes_per_token()
+    send = one_copy / (prefill.layout.gpus_per_replica * prefill.hardware.internode_bandwidth)
+    per_decode_gpu = tokens * decode.placement.kv_bytes_per_token_per_gpu()
+    receive = per_decode_gpu / hw.internode_bandwidth
+    convert = 2 * per_decode_gpu / hw.hbm_bandwidth  # read the landed shard, write pages
+    return PD_TRANSFER_LATENCY_S + max(send, receive) / PD_LINK_EFFICIENCY + convert
+
+
+def check_pd_pair(prefill: Engine, decode: Engine) -> None:
+    """Refuse, before anything runs, a prefill and a decode deployment whose KV cannot
+    be handed from one to the other."""
+    p, d = prefill, decode
+    where = f"P/D pair prefill {p.layout.text!r} -> decode {d.layout.text!r}"
+    if p.block_size != d.block_size:
+        raise ConfigError(f"{where}: block_size differs ({p.block_size} vs {d.block_size}); "
+                          f"both roles must page KV alike")
+    if p.config.kv_dtype() != d.config.kv_dtype():
+        raise ConfigError(f"{where}: kv_cache_dtype differs ({p.config.kv_dtype()} vs "
+                          f"{d.config.kv_dtype()}); the decode side would need a requantising "
+                          f"pass labkit does not model")
+    if d.layout.pcp > 1:
+        raise ConfigError(f"{where}: a decode layout cannot split the prompt by tokens "
+                          f"(pcp{d.layout.pcp}); PCP is a prefill layout — use DCP, TP, DP "
+                          f"or DEP for decode")
+    if p.max_model_len > d.max_model_len:
+        raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
+                          f"decode only {d.max_model_len} (max_model_len)")
+    if p.backend == "compute" and p.model.linear_layers:
+        raise ConfigError(f"{where}: {p.model.name} keeps linear-attention state, which the "
+                          f"compute plane does not hand over between pools yet")
+
+
+class _PDLayout:
+    """What a result reports as the deployment's layout."""
+
+    def __init__(self, prefill: str, num_prefill: int, decode: str, num_decode: int) -> None:
+        self.text = f"{num_prefill}x[{prefill}]+{num_decode}x[{decode}]"
+
+
+class _Steps:
+    """Every group's steps in one table, with its role and group, ranks renumbered."""
+
+    def __init__(self, pd_engine: PDEngine) -> None:
+        self.pd = pd_engine
+
+    def frame(self) -> pd.DataFrame:
+        frames, rank0, inst0 = [], 0, 0
+        for role, engines in (("prefill", self.pd.prefill), ("decode", self.pd.decode)):
+            for g, e in enumerate(engines):
+                f = e.step_recorder.frame()
+                f.insert(0, "role", role)
+                f.insert(1, "group", g)
+                f["rank"] = f["rank"] + rank0
+                f["instance"] = f["instance"] + inst0
+                rank0 += e.layout.num_dp_ranks
+                inst0 += len(e.instances)
+                frames.append(f)
+        return pd.concat(frames, ignore_index=True).sort_values(
+            ["start_s", "rank"], kind="stable", ignore_index=True)
+

@@ -1,0 +1,167 @@
+"""The engine's KV offload: a `NodeStore` per node, fed and read by the control plane.
+
+Wiring (see `kv/tiers.py` for the tiers themselves):
+
+- the KV managers call `cached(rank, blocks, keys, now)` whenever their prefix cache
+  registers full blocks — the write-through into the node's host tier;
+- the schedulers ask `offer(req, cached)` (a prefix source, `transfer.py`) at a
+  request's first admission: the blocks after its GPU prefix match that the node's
+  tiers hold, with the time to load them — offered only when that beats the cost
+  model's time to recompute them (`prefill_seconds`);
+- every block move is handed to `on_moves(store_index, moves)` when set: the compute
+  data plane copies the tensors (host tier) and writes the files (disk tier).
+
+Each DP rank's PCIe links carry one load at a time: a load starts when the previous
+one on that rank has landed. Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`);
+a replica larger than a node pools its nodes' tiers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from labkit.engine.events import EventBus, KVLoadDeclined, KVLoaded, KVOffloaded
+from labkit.engine.kv.tiers import NodeStore, Tier
+from labkit.engine.transfer import PrefixTransfer
+from labkit.errors import ConfigError
+
+GIB = 2**30
+
+
+class Offload:
+    def __init__(self, config, hardware, layout, placement, block_size: int, num_ranks: int,
+                 events: EventBus, prefill_seconds: Callable[[int, int], float],
+                 block_table: Callable[[object], object]) -> None:
+        """`prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
+        `block_table(request)`: its block ids on its rank."""
+        self.block_size = block_size
+        self.block_table = block_table
+        self.events = events
+        self.prefill_seconds = prefill_seconds
+        block_bytes = block_size * placement.kv_bytes_per_token()
+        per_gpu = block_size * placement.kv_bytes_per_token_per_gpu()
+        g = layout.gpus_per_replica
+        nodes_per_store = max(1, math.ceil(g / hardware.gpus_per_node))
+        self.ranks_per_store = max(1, hardware.gpus_per_node // g)
+        tiers = _tier_sizes(config, hardware, block_bytes, nodes_per_store)
+        self.stores = [
+            NodeStore(i, [Tier(name, blocks, bw, lat, config.kv_offload_eviction)
+                          for name, blocks, bw, lat in tiers], block_bytes, per_gpu)
+            for i in range(math.ceil(num_ranks / self.ranks_per_store))
+        ]
+        self.on_moves: Callable[[int, list], None] | None = None
+        self._link_free_s = [0.0] * num_ranks
+        self._declined: set[str] = set()
+        self._located: dict[str, tuple] = {}  # request -> (store version, first, found)
+
+    def store_of(self, rank: int) -> NodeStore:
+        return self.stores[rank // self.ranks_per_store]
+
+    # ---------------------------------------------------------------- write
+    def cached(self, rank: int, blocks, keys, now: float) -> None:
+        store = self.store_of(rank)
+        moves = store.store(keys, rank, blocks)
+        if moves:
+            self._moved(store, moves, now)
+
+    def _moved(self, store: NodeStore, moves: list, now: float) -> None:
+        if self.on_moves is not None:
+            self.on_moves(store.index, moves)
+        if self.events.wants(KVOffloaded):
+            count = {k: sum(m.kind == k for m in moves) for k in ("store", "demote", "drop")}
+            self.events.emit(KVOffloaded(now, store.index, count["store"], count["demote"],
+                                         count["drop"]))
+
+    # ----------------------------------------------------------------- read
+    def offer(self, req, cached: int, now: float) -> PrefixTransfer | None:
+        """The run of blocks after req's `cached` tokens that the tiers hold, if loading
+        them is quicker than recomputing them."""
+        bs, keys = self.block_size, req.keys
+        if keys is None or cached % bs:
+            return None  # a partial (forked) tail: tier blocks are whole blocks
+        first = cached // bs
+        limit = min((req.num_tokens - 1) // bs, keys.num_blocks)  # recompute >= 1 token
+        if first >= limit:
+            return None
+        store = self.store_of(req.rank)
+        found, load_s, recompute_s = self._costs(req, store, first, limit)
+        if not found:
+            return None
+        tokens = len(found) * bs
+        if load_s >= recompute_s:
+            if req.request_id not in self._declined and self.events.wants(KVLoadDeclined):
+                self.events.emit(KVLoadDeclined(now, req.rank, req.request_id,
+                                                tokens, load_s, recompute_s))
+            self._declined.add(req.request_id)
+            return None
+
+        def admit(r, now: float) -> float:
+            return self._load(r, store, first, found, load_s, now)
+        return PrefixTransfer(cached + tokens, load_s, admit)
+
+    def _costs(self, req, store: NodeStore, first: int, limit: int) -> tuple:
+        """(tier of each block found, seconds to load them, seconds to recompute them).
+        A request waiting for GPU blocks asks again at every step: the answer is kept
+        until the store changes."""
+        memo = self._located.get(req.request_id)
+        if memo is not None and memo[:2] == (store.version, first):
+            return memo[2]
+        found = store.locate(req.keys.keys(first, limit).tolist())
+        costs = (found, store.load_seconds(found),
+                 self.prefill_seconds(len(found) * self.block_size, first * self.block_size)
+                 if found else 0.0)
+        if len(self._located) > 4096:  # requests long gone
+            self._located.clear()
+        self._located[req.request_id] = (store.version, first, costs)
+        return costs
+
+    def _load(self, req, store: NodeStore, first: int, found: list[int], load_s: float,
+              now: float) -> float:
+        rank, n = req.rank, len(found)
+        self._located.pop(req.request_id, None)
+        start = max(now, self._link_free_s[rank])  # one load at a time per rank's links
+        self._link_free_s[rank] = start + load_s
+        keys = req.keys.keys(first, first + n).tolist()
+        blocks = self.block_table(req)[first:first + n]
+        req.num_offload_tokens = n * self.block_size
+        moves = store.take(keys, rank, blocks)
+        if self.on_moves is not None:
+            self.on_moves(store.index, moves)
+        if self.events.wants(KVLoaded):
+            by_tier = {t.name: found.count(i) * self.block_size
+                       for i, t in enumerate(store.tiers) if i in found}
+            self.events.emit(KVLoaded(now, rank, req.request_id, n * self.block_size, by_tier,
+                                      start + load_s - now))
+        return start + load_s - now
+
+    # --------------------------------------------------------------- report
+    def summary(self) -> dict:
+        out = {}
+        for name in [t.name for t in self.stores[0].tiers]:
+            stats = [s.stats()[name] for s in self.stores]
+            for field in ("stored_blocks", "hit_blocks", "evicted_blocks", "dropped_blocks",
+                          "promoted_blocks"):
+                out[f"{name}_tier_{field}"] = sum(getattr(x, field) for x in stats)
+        return out
+
+
+def _tier_sizes(config, hardware, block_bytes: float, nodes: int) -> list[tuple]:
+    """(name, capacity in blocks, bandwidth, latency) of each configured tier."""
+    tiers = []
+    for name, gib, limit, bw, lat in (
+            ("cpu", config.cpu_kv_gib, hardware.host_memory_bytes, hardware.pcie_bandwidth,
+             hardware.host_link_latency_s),
+            ("disk", config.disk_kv_gib, hardware.disk_bytes, hardware.disk_bandwidth,
+             hardware.disk_latency_s)):
+        if not gib:
+            continue
+        if gib * GIB > limit:
+            raise ConfigError(f"{name}_kv_gib={gib} exceeds the {limit / GIB:,.0f} GiB a "
+                              f"{hardware.name} node has for it")
+        blocks = int(gib * GIB * nodes // block_bytes)
+        if blocks < 1:
+            raise ConfigError(f"{name}_kv_gib={gib} cannot hold one KV block "
+                              f"({block_bytes / GIB:.3g} GiB per block)")
+        tiers.append((name, blocks, bw, lat))
+    return tiers

@@ -1,0 +1,70 @@
+"""Prefix KV that arrives from elsewhere instead of being recomputed.
+
+When a call is admitted, its rank's prefix cache may hold only part of its prompt while
+the rest sits somewhere it can be copied from: another DP rank's GPUs (a session that
+moved, `session_kv_migration="fetch"`) or the node's offload tiers (host memory,
+disk). Each such place is a *prefix source*: given the request, the tokens already
+cached here and the time, it offers a `PrefixTransfer` — how many prefix tokens the request would
+then hold, and an `admit` that does the bookkeeping once the scheduler has reserved
+the blocks (counters, events, the bytes themselves in the compute plane) and returns
+how long the copy takes. The scheduler takes the offer that brings the most tokens
+(the quicker one on a tie); the request then waits, its blocks held, until the KV
+has arrived, while other requests keep the GPU busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from labkit.engine.events import KVFetched
+
+
+@dataclass(slots=True)
+class PrefixTransfer:
+    tokens: int  # prefix tokens held once the copy lands (those cached here included)
+    seconds: float  # the copy's duration, as estimated when offered
+    admit: Callable[[object, float], float]  # (request, now) -> seconds until it lands
+
+
+def best_transfer(offers) -> PrefixTransfer | None:
+    offers = [o for o in offers if o is not None]
+    return max(offers, key=lambda o: (o.tokens, -o.seconds), default=None)
+
+
+class RemoteFetch:
+    """Prefix source: the rank that served a moved session's previous call still caches
+    its prefix; each GPU copies its own shard over NVLink (same node) or its NIC."""
+
+    LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
+    LINK_EFFICIENCY = 0.8
+
+    def __init__(self, schedulers, placement, hardware, layout, events, on_copy=None) -> None:
+        self.schedulers, self.placement, self.hardware = schedulers, placement, hardware
+        self.replicas_per_node = max(1, hardware.gpus_per_node // layout.gpus_per_replica)
+        self.events = events
+        self.on_copy = on_copy  # (src rank, dst rank, src blocks, dst blocks): the bytes
+
+    def __call__(self, req, cached: int, now: float) -> PrefixTransfer | None:
+        hint = req.prefix_hint
+        if hint is None or hint.rank == req.rank:
+            return None
+        match = self.schedulers[hint.rank].kv.lookup(req)
+        if match.num_tokens <= cached:
+            return None
+        nbytes = match.num_tokens * self.placement.kv_bytes_per_token_per_gpu()
+        same_node = hint.rank // self.replicas_per_node == req.rank // self.replicas_per_node
+        link = self.hardware.nvlink_bandwidth if same_node else \
+            self.hardware.internode_bandwidth
+        seconds = self.LATENCY_S + nbytes / (link * self.LINK_EFFICIENCY)
+
+        def admit(r, now: float) -> float:
+            r.num_fetched_tokens = match.num_tokens - cached
+            if self.on_copy is not None:
+                dst = self.schedulers[r.rank].kv.table(r.request_id)[:len(match.blocks)]
+                self.on_copy(hint.rank, r.rank, match.blocks, dst)
+            if self.events.wants(KVFetched):
+                self.events.emit(KVFetched(now, r.rank, r.request_id, hint.rank,
+                                           r.num_fetched_tokens, seconds))
+            return seconds
+        return PrefixTransfer(match.num_tokens, seconds, admit)

@@ -1,0 +1,107 @@
+"""Prefill/decode disaggregation on the sim plane: the flow, the transfer's cost,
+prefix reuse after conversion, and pairs refused before the run."""
+
+import pytest
+
+from labkit import Engine
+from labkit.engine.disagg import PD_LINK_EFFICIENCY, PD_TRANSFER_LATENCY_S, PDEngine
+from labkit.errors import ConfigError
+from tests.support import small_agentx
+
+
+def pd_run(prefill="pcp2xdcp2", decode="tp2", num_prefill=1, num_decode=2, **knobs):
+    engine = PDEngine("llama-3.1-8b", prefill, decode, "h200", num_prefill, num_decode,
+                      **knobs)
+    result = engine.replay(small_agentx(8, seed=1), concurrency=8, duration_s=60)
+    return engine, result
+
+
+def test_every_call_prefills_then_decodes_with_its_kv_sent_once():
+    engine, result = pd_run()
+    req = result.requests[result.requests["completed"]]
+    assert len(req) > 50
+    # prefill groups ran only prompts (one output token each); decode groups no prompt
+    prefill_calls = [r for e in engine.prefill for r in e.requests.values()]
+    assert all(r.max_output_tokens == 1 for r in prefill_calls)
+    steps = result.steps
+    assert set(steps["role"]) == {"prefill", "decode"}
+    assert steps.loc[steps["role"] == "decode", "prefill_tokens"].sum() == 0  # no preemption
+    assert result.summary["preemptions"] == 0
+    # the first token comes from the prefill side, before the transfer starts
+    by_id = {t["request_id"]: t for t in engine.transfers}
+    for row in req.itertuples():
+        t = by_id[row.request_id]
+        assert row.first_token_s <= t["start_s"] + 1e-12
+        assert t["tokens"] == row.transferred_tokens
+    # the prefill pools hold nothing once the calls have moved on
+    assert all(not s.kv.tables for e in engine.prefill for s in e.schedulers)
+    assert req["transferred_tokens"].sum() == result.summary["kv_pd_transferred_tokens"]
+
+
+def test_the_transfer_costs_bytes_over_the_nics_plus_latency_and_conversion():
+    engine, _ = pd_run()
+    p, d = engine.prefill[0], engine.decode[0]
+    hw = d.hardware
+    for t in engine.transfers[:20]:
+        n = t["tokens"]
+        # one copy of the KV leaves the 4 prefill GPUs; each decode GPU receives half
+        send = n * p.placement.kv_bytes_per_token() / (4 * hw.internode_bandwidth)
+        recv = n * d.placement.kv_bytes_per_token() / 2 / hw.internode_bandwidth
+        convert = 2 * n * d.placement.kv_bytes_per_token() / 2 / hw.hbm_bandwidth
+        expected = PD_TRANSFER_LATENCY_S + max(send, recv) / PD_LINK_EFFICIENCY + convert
+        assert t["seconds"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_prefix_reuse_survives_the_conversion():
+    engine, result = pd_run()
+    moved = engine.transfers
+    reused = [t for t in moved if t["decode_cached_tokens"] > 0]
+    assert len(reused) > len(moved) // 2  # later calls find the session on the decode side
+    req = result.requests[result.requests["completed"]]
+    assert req["transferred_tokens"].sum() < 0.5 * req["input_tokens"].sum()
+    # and the prefill side reuses its own cache as a colocated engine does
+    assert result.summary["prefix_cache_hit_rate"] > 0.5
+    # sessions stick to one decode group
+    home = {}
+    for e_index, e in enumerate(engine.decode):
+        for r in e.requests.values():
+            assert home.setdefault(r.session_id, e_index) == e_index
+
+
+def test_same_inputs_same_results():
+    _, a = pd_run()
+    _, b = pd_run()
+    wall = {"wall_s", "sim_speed"}
+    assert {k: v for k, v in a.summary.items() if k not in wall} == \
+        {k: v for k, v in b.summary.items() if k not in wall}
+
+
+def test_decode_steps_are_not_stalled_by_prefill_chunks():
+    """The reason for disaggregation: colocated, decodes share steps with prefill
+    chunks; disaggregated, a decode step is only a decode step. Same 4 GPUs."""
+    trace = small_agentx(8, seed=1)
+    colocated = Engine("llama-3.1-8b", "dp2xtp2", "h200").replay(
+        trace, concurrency=8, duration_s=60, max_idle_s=0).steps
+    pd_engine = PDEngine("llama-3.1-8b", "tp2", "tp2", "h200")
+    split = pd_engine.replay(trace, concurrency=8, duration_s=60, max_idle_s=0).steps
+    split = split[split["role"] == "decode"]
+    col, dec = colocated[colocated["decode_tokens"] > 0], split[split["decode_tokens"] > 0]
+    assert (col["prefill_tokens"] > 0).mean() > 0.02 and (dec["prefill_tokens"] == 0).all()
+    assert dec["duration_s"].quantile(0.99) < 0.5 * col["duration_s"].quantile(0.99)
+    assert dec["duration_s"].max() < 0.2 * col["duration_s"].max()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(decode_layout="pcp2"), ["decode layout", "pcp2"]),
+    (dict(prefill_knobs={"kv_cache_dtype": "fp8"}), ["kv_cache_dtype", "fp8", "bf16"]),
+    (dict(prefill_knobs={"block_size": 32}), ["block_size", "32", "16"]),
+    (dict(decode_knobs={"max_model_len": 4096}), ["max_model_len", "4096"]),
+    (dict(num_decode=0), ["num_decode"]),
+])
+def test_incompatible_pairs_are_refused_before_the_run(kwargs, words):
+    args = dict(prefill_layout="pcp2xdcp2", decode_layout="tp2")
+    args.update(kwargs)
+    with pytest.raises(ConfigError) as err:
+        PDEngine("llama-3.1-8b", hardware="h200", **args)
+    for word in words:
+        assert word in str(err.value)
