@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.engine.layouts import Placement
+from labkit.engine.kv.packing import block_layout
 from labkit.errors import ConfigError
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 
@@ -90,6 +91,7 @@ def capacity(model, layout, hardware="h200", context: int = 131072, kv_dtype: st
     per_request = -(-context // block)
     per_rank = (tokens // block) // per_request if tokens else 0
     concurrent = min(per_rank, config.max_num_seqs) * layout.num_dp_ranks
+    packing = block_layout(placement, block, config.kv_layout)
     return {
         "model": model.name, "layout": layout.text, "hardware": hardware.name,
         "context": context, "kv_dtype": config.kv_dtype(),
@@ -103,6 +105,9 @@ def capacity(model, layout, hardware="h200", context: int = 131072, kv_dtype: st
         "kv_capacity_tokens_per_gpu": tokens,
         "max_concurrent_requests": concurrent,
         "fits": concurrent >= 1,
+        "kv_layout": packing.kind,
+        "kv_block_bytes_per_gpu": packing.block_bytes,
+        "kv_descriptors_per_block": packing.descriptors_per_block,
     }
 
 

@@ -280,7 +280,10 @@ def transfer_seconds(prefill: Engine, decode: Engine, tokens: int) -> float:
     per_decode_gpu = tokens * decode.placement.kv_bytes_per_token_per_gpu()
     receive = per_decode_gpu / hw.internode_bandwidth
     convert = 2 * per_decode_gpu / hw.hbm_bandwidth  # read the landed shard, write pages
-    return PD_TRANSFER_LATENCY_S + max(send, receive) / PD_LINK_EFFICIENCY + convert
+    blocks = -(-tokens // decode.block_size)
+    issue = max(prefill.block_layout.copy_overhead_s(blocks),  # descriptors, each side
+                decode.block_layout.copy_overhead_s(blocks))
+    return PD_TRANSFER_LATENCY_S + max(send, receive) / PD_LINK_EFFICIENCY + convert + issue
 
 
 def check_pd_pair(prefill: Engine, decode: Engine) -> None:

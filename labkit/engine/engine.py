@@ -23,6 +23,7 @@ released with zero delay.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from labkit.engine.events import EventBus, RequestArrived, RequestFinished
 from labkit.engine.instance import Instance
 from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
+from labkit.engine.kv.packing import block_layout
 from labkit.engine.kv.state_snapshots import StateSnapshots
 from labkit.engine.metrics import StepRecorder
 from labkit.engine.offload import Offload
@@ -39,6 +41,8 @@ from labkit.engine.request import Request, Status
 from labkit.engine.router import Router
 from labkit.engine.scheduler import RankBatch, Scheduler
 from labkit.engine.sim.data_plane import SimDataPlane
+from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hisparse, \
+    hisparse_blocks
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.engine.sim.work import StepWork
 from labkit.engine.transfer import RemoteFetch
@@ -80,6 +84,12 @@ class Engine:
         self.capacity = kv_capacity(self.model, self.hardware, self.layout, self.config,
                                     self.block_size, self.max_model_len)
         self.placement = self.capacity.placement
+        self.block_layout = block_layout(self.placement, self.block_size, self.config.kv_layout)
+        check_hisparse(self.model, self.config, backend)
+        if self.config.hisparse_buffer_tokens and self.config.num_gpu_blocks_override is None:
+            self.capacity = dataclasses.replace(self.capacity, num_blocks=hisparse_blocks(
+                self.placement, self.hardware, self.config, self.block_size,
+                self.capacity.available_bytes_per_gpu))  # the host pool, GPU-bounded
         self.num_blocks = self.capacity.num_blocks
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
@@ -89,6 +99,14 @@ class Engine:
             self.data_plane = self._compute_plane(compute_opts)
         else:
             self.data_plane = SimDataPlane(self.cost_model)
+        self.hisparse = None
+        if self.config.hisparse_buffer_tokens:
+            self.hisparse = HiSparse(self.placement, self.hardware, self.block_layout,
+                                     self.block_size, self.config.hisparse_buffer_tokens,
+                                     self.config.seed)
+            self.data_plane = HiSparseDataPlane(self.data_plane, self.hisparse)
+            self.events.subscribe(lambda e: self.hisparse.release(e.request.request_id),
+                                  RequestFinished)
         self.schedulers = [
             Scheduler(self.config, KVManager(self.num_blocks, self.block_size,
                                              self.config.enable_prefix_caching, self.events, r),
@@ -153,6 +171,11 @@ class Engine:
     def extra_summary(self) -> dict:
         """Summary entries of the optional mechanisms: offload tiers, state snapshots."""
         out = self.offload.summary() if self.offload is not None else {}
+        allocated = sum(s.kv.slots_allocated for s in self.schedulers)
+        used = sum(s.kv.slots_used for s in self.schedulers)
+        out["kv_internal_fragmentation"] = 1.0 - used / allocated if allocated else 0.0
+        if self.hisparse is not None:
+            out.update(self.hisparse.summary())
         snaps = [s.kv.snapshots.stats for s in self.schedulers if s.kv.snapshots is not None]
         if snaps:
             for name in ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space",
@@ -171,7 +194,7 @@ class Engine:
                                        self.data_plane.copy_kv if compute else None))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
-                              self.block_size, self.layout.num_dp_ranks, self.events,
+                              self.block_layout, self.layout.num_dp_ranks, self.events,
                               self._prefill_seconds,
                               lambda r: self.schedulers[r.rank].kv.table(r.request_id))
             sources.append(offload.offer)

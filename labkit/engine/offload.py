@@ -30,11 +30,13 @@ GIB = 2**30
 
 
 class Offload:
-    def __init__(self, config, hardware, layout, placement, block_size: int, num_ranks: int,
+    def __init__(self, config, hardware, layout, placement, block_layout, num_ranks: int,
                  events: EventBus, prefill_seconds: Callable[[int, int], float],
                  block_table: Callable[[object], object]) -> None:
-        """`prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
+        """`block_layout`: how a block sits in GPU memory (`kv/packing.py`);
+        `prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
         `block_table(request)`: its block ids on its rank."""
+        block_size = config.block_size or placement.model.block_size
         self.block_size = block_size
         self.block_table = block_table
         self.events = events
@@ -47,7 +49,8 @@ class Offload:
         tiers = _tier_sizes(config, hardware, block_bytes, nodes_per_store)
         self.stores = [
             NodeStore(i, [Tier(name, blocks, bw, lat, config.kv_offload_eviction)
-                          for name, blocks, bw, lat in tiers], block_bytes, per_gpu)
+                          for name, blocks, bw, lat in tiers], block_bytes, per_gpu,
+                      block_layout.copy_overhead_s)
             for i in range(math.ceil(num_ranks / self.ranks_per_store))
         ]
         self.on_moves: Callable[[int, list], None] | None = None

@@ -67,6 +67,15 @@ class EngineConfig:
     kv_offload_dir: str | None = knob(
         None, "compute plane: where the disk tier writes its block files (default: a "
         "temporary directory)")
+    kv_layout: str = knob(
+        "per_layer", "KV memory layout: one buffer per layer (a block is one region per "
+        "layer) or packed (a block's layers contiguous: one copy descriptor per block)",
+        ("per_layer", "packed"))
+    hisparse_buffer_tokens: int = knob(
+        0, "DSA models, sim: decode from a host KV pool, keeping this many tokens of each "
+        "request's latents on the GPU (HiSparse; 0: off)")
+    hisparse_host_gib: float = knob(
+        0.0, "HiSparse host pool per GPU in GiB (0: 80 percent of the node's host memory, shared)")
     linear_state_retention: str = knob(
         "both", "hybrid models: when to snapshot linear-attention state for prefix reuse "
         "(interval: end of every call; selective: a prefix seen a second time)",
@@ -108,6 +117,9 @@ class EngineConfig:
         if self.cpu_kv_gib < 0 or self.disk_kv_gib < 0:
             raise ConfigError(f"cpu_kv_gib={self.cpu_kv_gib} and disk_kv_gib="
                               f"{self.disk_kv_gib} must be >= 0")
+        if self.hisparse_buffer_tokens < 0 or self.hisparse_host_gib < 0:
+            raise ConfigError(f"hisparse_buffer_tokens={self.hisparse_buffer_tokens} and "
+                              f"hisparse_host_gib={self.hisparse_host_gib} must be >= 0")
         if self.disk_kv_gib and not self.cpu_kv_gib:
             raise ConfigError("disk_kv_gib needs a CPU tier above it: set cpu_kv_gib too "
                               "(blocks reach the disk when the CPU tier evicts them)")

@@ -5,6 +5,7 @@ import pytest
 
 from labkit import Engine
 from labkit.engine.disagg import PD_LINK_EFFICIENCY, PD_TRANSFER_LATENCY_S, PDEngine
+from labkit.engine.kv.packing import DMA_DESCRIPTOR_S
 from labkit.errors import ConfigError
 from tests.support import small_agentx
 
@@ -40,6 +41,12 @@ def test_every_call_prefills_then_decodes_with_its_kv_sent_once():
 
 def test_the_transfer_costs_bytes_over_the_nics_plus_latency_and_conversion():
     engine, _ = pd_run()
+    packed, _ = pd_run(kv_layout="packed")
+    # packed blocks: one descriptor per block and GPU instead of 64
+    for a, b in zip(engine.transfers[:1], packed.transfers[:1]):
+        assert a["tokens"] == b["tokens"]
+        saved = -(-a["tokens"] // 16) * 63 * DMA_DESCRIPTOR_S
+        assert a["seconds"] - b["seconds"] == pytest.approx(saved, rel=1e-9)
     p, d = engine.prefill[0], engine.decode[0]
     hw = d.hardware
     for t in engine.transfers[:20]:
@@ -48,7 +55,10 @@ def test_the_transfer_costs_bytes_over_the_nics_plus_latency_and_conversion():
         send = n * p.placement.kv_bytes_per_token() / (4 * hw.internode_bandwidth)
         recv = n * d.placement.kv_bytes_per_token() / 2 / hw.internode_bandwidth
         convert = 2 * n * d.placement.kv_bytes_per_token() / 2 / hw.hbm_bandwidth
-        expected = PD_TRANSFER_LATENCY_S + max(send, recv) / PD_LINK_EFFICIENCY + convert
+        # per-layer buffers: every block is 32 layers x (K, V) regions on each GPU
+        issue = -(-n // 16) * 64 * DMA_DESCRIPTOR_S
+        expected = PD_TRANSFER_LATENCY_S + max(send, recv) / PD_LINK_EFFICIENCY + convert \
+            + issue
         assert t["seconds"] == pytest.approx(expected, rel=1e-9)
 
 

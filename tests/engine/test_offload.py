@@ -6,6 +6,7 @@ import pytest
 
 from labkit import Engine, get_hardware
 from labkit.engine.events import KVLoadDeclined, KVLoaded, KVOffloaded
+from labkit.engine.kv.packing import DMA_DESCRIPTOR_S
 from labkit.errors import ConfigError
 from tests.support import small_agentx
 
@@ -43,13 +44,25 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_from_the_cpu_tier():
     # the load takes latency + each GPU's share over PCIe, and delays the first token
     hw, blocks = engine.hardware, e.num_tokens // engine.block_size
     per_gpu = engine.block_size * engine.placement.kv_bytes_per_token_per_gpu()
-    expected = hw.host_link_latency_s + blocks * per_gpu / hw.pcie_bandwidth
+    descriptors = 32 * 2  # per-layer buffers: 32 layers x (K, V) regions per block
+    expected = hw.host_link_latency_s + blocks * per_gpu / hw.pcie_bandwidth \
+        + blocks * descriptors * DMA_DESCRIPTOR_S
     assert e.seconds == pytest.approx(expected, rel=1e-9)
     assert again.first_token_s - again.first_scheduled_s >= expected
     stats = engine.offload.summary()
     assert stats["cpu_tier_hit_blocks"] == blocks
     stored = sum(e.num_stored for e in events if isinstance(e, KVOffloaded))
     assert stats["cpu_tier_stored_blocks"] == stored
+
+
+def test_a_packed_layout_loads_with_one_descriptor_per_block():
+    per_layer = evicted_then_reused()[1]
+    packed = evicted_then_reused(kv_layout="packed")[1]
+    a = next(e for e in per_layer if isinstance(e, KVLoaded))
+    b = next(e for e in packed if isinstance(e, KVLoaded))
+    assert a.num_tokens == b.num_tokens
+    assert a.seconds - b.seconds == pytest.approx(a.num_tokens // 16 * 63 * DMA_DESCRIPTOR_S,
+                                                  rel=1e-9)
 
 
 def test_the_choice_between_load_and_recompute_follows_the_costs():

@@ -103,6 +103,10 @@ class KVManager:
         # hybrid models: linear-attention state snapshots (state_snapshots.py), if any
         self.snapshots = None
         self._checkpoints: dict[str, int] = {}  # request -> block boundary to snapshot
+        # internal fragmentation, over finished calls: token slots their tables held
+        # at the end vs tokens with KV in them
+        self.slots_allocated = 0
+        self.slots_used = 0
 
     @property
     def num_blocks(self) -> int:
@@ -328,6 +332,9 @@ class KVManager:
         if computed % self.block_size and tail_index < table.n:
             hint.tail = int(blocks[tail_index])
             hint.tail_generation = int(self.pool.generation[hint.tail])
+        if req.finish_s is not None:
+            self.slots_allocated += len(blocks) * self.block_size
+            self.slots_used += computed
         self.pool.free(blocks[::-1])
         if self.events.wants(BlocksFreed):
             self.events.emit(BlocksFreed(self.pool.now, self.rank, req.request_id, blocks.copy()))

@@ -87,11 +87,13 @@ class Move:
 
 class NodeStore:
     def __init__(self, index: int, tiers: list[Tier], block_bytes: float,
-                 block_bytes_per_gpu: float) -> None:
+                 block_bytes_per_gpu: float, copy_overhead_s=None) -> None:
         self.index = index
         self.tiers = tiers
         self.block_bytes = block_bytes  # one copy of a block's KV, all layers
         self.block_bytes_per_gpu = block_bytes_per_gpu  # what one GPU holds of it
+        # issuing the copies of n blocks on one GPU (per-layer vs packed: kv/packing.py)
+        self.copy_overhead_s = copy_overhead_s or (lambda n: 0.0)
         self._level: dict[int, int] = {}  # key -> index of the tier holding it
         self.version = 0  # bumped whenever a key enters, leaves or changes tier
 
@@ -149,7 +151,8 @@ class NodeStore:
         if not levels:
             return 0.0
         host = self.tiers[0]
-        seconds = host.latency_s + len(levels) * self.block_bytes_per_gpu / host.bandwidth
+        seconds = host.latency_s + len(levels) * self.block_bytes_per_gpu / host.bandwidth \
+            + self.copy_overhead_s(len(levels))
         for i, tier in enumerate(self.tiers[1:], start=1):
             n = levels.count(i)
             if n:
