@@ -60,6 +60,10 @@ def run_bench(target: str, quick: bool = False) -> int:
         return bench_kernels(quick)
     elif target == "compute":
         bench_compute(quick)
+    elif target == "kv":
+        from labkit.bench_kv import bench_kv
+
+        bench_kv(quick)
     return 0
 
 

@@ -7,7 +7,7 @@
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
-    labkit bench sim | costmodel | layouts | kernels | compute
+    labkit bench sim | costmodel | layouts | kernels | compute | kv
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
 from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_pd_parser(sub, add_knob_flags)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("target", choices=["sim", "costmodel", "layouts", "kernels", "compute"])
+    bench.add_argument("target",
+                       choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
     return parser
 
