@@ -143,3 +143,29 @@ def test_dashboard_rebuilds_steps_and_replays():
     ("DEP", 1, True, "tp1")])
 def test_layout_choices(kind, degree, moe, expected):
     assert layout_string(kind, degree, moe) == expected
+
+
+def test_block_table_colours_blocks_loaded_from_the_offload_tiers():
+    engine = Engine("llama-3.1-8b", "tp1", "h200", num_gpu_blocks_override=160,
+                    cpu_kv_gib=0.25, disk_kv_gib=1)  # CPU: 128 blocks of 2 MiB
+    view = BlockTableView(engine, rank=0)
+    from labkit.engine.events import KVLoaded
+
+    loads = []
+    engine.events.subscribe(loads.append, KVLoaded)
+    engine.submit_prompt(list(range(1000, 3048)), 4, request_id="first")
+    engine.run_until()
+    engine.submit_prompt(list(range(50_000, 51_600)), 4, request_id="other")
+    engine.run_until()
+    engine.submit_prompt(list(range(1000, 3048)) + list(range(7, 71)), 4, request_id="again")
+    while not loads:
+        assert engine.step()
+    grid = view.figure_data()
+    row = grid["requests"].index("again")
+    cells = dict(zip(grid["blocks"][row], grid["state"][row]))
+    load = loads[0]
+    assert set(load.block_tiers) == {"cpu", "disk"}  # a small CPU tier spilled to disk
+    for block, tier in zip(load.blocks.tolist(), load.block_tiers):
+        assert cells[block] == STATES[tier]
+    others = set(cells) - set(load.blocks.tolist()) - {-1}
+    assert all(cells[b] not in (STATES["cpu"], STATES["disk"]) for b in others)

@@ -206,8 +206,9 @@ class KVOffloaded(Event):
 @dataclass(slots=True)
 class KVLoaded(Event):
     """A call's prefix continues in the node's offload tiers: `num_tokens` of it are
-    loaded to `rank`'s GPUs (`tokens_by_tier`, e.g. {"cpu": 256, "disk": 64}); it can
-    compute `seconds` from now."""
+    loaded to `rank`'s GPUs (`tokens_by_tier`, e.g. {"cpu": 256, "disk": 64}) into its
+    GPU `blocks`, each from the tier `block_tiers` names; it can compute `seconds` from
+    now."""
 
     kind: ClassVar[str] = "kv_loaded"
     rank: int
@@ -215,6 +216,8 @@ class KVLoaded(Event):
     num_tokens: int
     tokens_by_tier: dict
     seconds: float
+    blocks: np.ndarray = None
+    block_tiers: tuple = ()
 
 
 @dataclass(slots=True)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from labkit.engine.events import EventBus, KVLoadDeclined, KVLoaded, KVOffloaded
 from labkit.engine.kv.tiers import NodeStore, Tier
 from labkit.engine.transfer import PrefixTransfer
@@ -135,7 +137,8 @@ class Offload:
             by_tier = {t.name: found.count(i) * self.block_size
                        for i, t in enumerate(store.tiers) if i in found}
             self.events.emit(KVLoaded(now, rank, req.request_id, n * self.block_size, by_tier,
-                                      start + load_s - now))
+                                      start + load_s - now, np.array(blocks),
+                                      tuple(store.tiers[i].name for i in found)))
         return start + load_s - now
 
     # --------------------------------------------------------------- report

@@ -6,10 +6,12 @@ that part of the request's KV, coloured by what the block is:
 - *own*: referenced by this request only, not (yet) in the prefix cache;
 - *cached*: full, and registered in the prefix cache under its key;
 - *shared*: referenced by several requests (prefix hits of concurrent calls);
-- *forked*: received from a parent at a fork (a subagent's inherited context).
+- *forked*: received from a parent at a fork (a subagent's inherited context);
+- *from CPU* / *from disk*: loaded from the node's offload tiers (`KVLoaded`).
 
 The model rebuilds the tables from block events alone (`CacheHit`, `Forked`,
-`BlocksAllocated`, `CopyOnWrite`, `BlocksFreed`, `BlocksCached`, `BlocksEvicted`) — it
+`BlocksAllocated`, `CopyOnWrite`, `BlocksFreed`, `BlocksCached`, `BlocksEvicted`,
+`KVLoaded`) — it
 never looks inside the KV manager — so comparing it with the manager's own tables
 checks both. It also counts cached free blocks: freed, still holding reusable KV.
 """
@@ -20,11 +22,12 @@ from collections import Counter
 
 from labkit.engine.events import (
     BlocksAllocated, BlocksCached, BlocksEvicted, BlocksFreed, CacheHit, CopyOnWrite, Forked,
+    KVLoaded,
 )
 from labkit.widgets.base import EngineView, EventModel
 
-STATES = {"empty": 0, "own": 1, "cached": 2, "shared": 3, "forked": 4}
-COLORS = ["#FFFFFF", "#9ECAE9", "#54A24B", "#F58518", "#B279A2"]
+STATES = {"empty": 0, "own": 1, "cached": 2, "shared": 3, "forked": 4, "cpu": 5, "disk": 6}
+COLORS = ["#FFFFFF", "#9ECAE9", "#54A24B", "#F58518", "#B279A2", "#E45756", "#72B7B2"]
 
 
 class BlockState:
@@ -33,6 +36,7 @@ class BlockState:
     def __init__(self) -> None:
         self.tables: dict[str, list[int]] = {}
         self.forked: dict[str, set[int]] = {}
+        self.loaded: dict[str, dict[int, str]] = {}  # request -> block -> tier it came from
         self.keyed: set[int] = set()
 
     def apply(self, event) -> None:
@@ -47,9 +51,12 @@ class BlockState:
             table = self.tables[event.request_id]
             table[table.index(event.src_block)] = event.dst_block
             self.forked.get(event.request_id, set()).discard(event.src_block)
+        elif isinstance(event, KVLoaded):
+            self.loaded[event.request_id] = dict(zip(event.blocks.tolist(), event.block_tiers))
         elif isinstance(event, BlocksFreed):
             self.tables.pop(event.request_id, None)
             self.forked.pop(event.request_id, None)
+            self.loaded.pop(event.request_id, None)
         elif isinstance(event, BlocksCached):
             self.keyed.update(event.blocks.tolist())
         elif isinstance(event, BlocksEvicted):
@@ -65,6 +72,9 @@ class BlockState:
     def cell_state(self, request_id: str, block: int, refs: Counter) -> int:
         if block in self.forked.get(request_id, ()):
             return STATES["forked"]
+        tier = self.loaded.get(request_id, {}).get(block)
+        if tier is not None:
+            return STATES[tier]
         if refs[block] > 1:
             return STATES["shared"]
         return STATES["cached"] if block in self.keyed else STATES["own"]
@@ -72,7 +82,7 @@ class BlockState:
 
 class BlockTableModel(EventModel):
     kinds = (CacheHit, Forked, BlocksAllocated, CopyOnWrite, BlocksFreed, BlocksCached,
-             BlocksEvicted)
+             BlocksEvicted, KVLoaded)
 
     def __init__(self, engine, rank: int = 0) -> None:
         self.rank = rank
