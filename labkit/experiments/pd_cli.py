@@ -49,7 +49,10 @@ def add_pd_parser(subparsers, add_knob_flags) -> None:
         p.add_argument("--model", required=True)
         p.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
         p.add_argument("--duration-s", type=float, default=60.0,
-                       help="simulated seconds per point (the first fifth is warm-up)")
+                       help="simulated seconds per point")
+        p.add_argument("--warmup-s", type=float,
+                       help="seconds of each point left out of its figures (default: a "
+                            "fifth of --duration-s)")
         p.add_argument("--out", help="write the tables as parquet into this folder")
         p.add_argument("--json", action="store_true", help="print the tables as JSON")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
@@ -70,7 +73,7 @@ def run_pd_command(args, knobs: dict) -> int:
         prefill, decode = _layouts(args.prefill_layouts), _layouts(args.decode_layouts)
         profile = pd_profile(args.model, trace, prefill, decode, args.hardware,
                              concurrency=grid, duration_s=args.duration_s,
-                             progress=progress, **knobs)
+                             progress=progress, warmup_s=args.warmup_s, **knobs)
         tables = {"profile": profile,
                   "saturation": saturation_table(profile).reset_index()}
     else:
@@ -80,7 +83,8 @@ def run_pd_command(args, knobs: dict) -> int:
         tables["sweep"] = pd_sweep(args.model, trace, args.prefill_layout, args.decode_layout,
                                    args.hardware, ratios=ratios, max_groups=args.max_groups,
                                    count=args.count, concurrency=args.concurrency,
-                                   duration_s=args.duration_s, progress=progress, **knobs)
+                                   duration_s=args.duration_s, progress=progress,
+                                   warmup_s=args.warmup_s, **knobs)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

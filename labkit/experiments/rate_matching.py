@@ -70,10 +70,10 @@ def _prompt_from_prefill(engine: Engine):
 
 
 def profile_point(role: str, model, layout: str, trace, concurrency: int, duration_s: float,
-                  hardware="h200", **knobs) -> dict:
+                  hardware="h200", warmup_s: float | None = None, **knobs) -> dict:
     engine = role_engine(role, model, layout, hardware, **knobs)
     r = engine.replay(trace, concurrency=concurrency, duration_s=duration_s, max_idle_s=0.0,
-                      warmup_s=duration_s / 5)
+                      warmup_s=_warmup(duration_s, warmup_s))
     s = r.summary
     window = s["window_s"]
     calls_s = s["requests_completed"] / window
@@ -93,7 +93,8 @@ def profile_point(role: str, model, layout: str, trace, concurrency: int, durati
 
 def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h200",
                concurrency=DEFAULT_CONCURRENCY, duration_s: float = 60.0, gain: float = 0.05,
-               progress: bool = False, **knobs) -> pd.DataFrame:
+               progress: bool = False, warmup_s: float | None = None,
+               **knobs) -> pd.DataFrame:
     """Phase 1: one row per (role, layout, concurrency) tried; `saturated` marks each
     layout's best point (its rate). Concurrency stops rising once calls/s grows by
     less than `gain` (relative), or, for decode, once the KV cache preempts."""
@@ -108,7 +109,8 @@ def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h2
     for role, layout in plan:
         best = None
         for c in concurrency:
-            row = profile_point(role, model, layout, trace, c, duration_s, hardware, **knobs)
+            row = profile_point(role, model, layout, trace, c, duration_s, hardware,
+                                warmup_s, **knobs)
             rows.append(row)
             bar.update(1)
             if role == "decode" and row["preemptions"] and best is not None:
@@ -143,7 +145,8 @@ def candidate_ratios(target: float, max_groups: int = 4, count: int = 5) -> list
 def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h200",
              ratios=None, profile: pd.DataFrame | None = None, max_groups: int = 4,
              count: int = 5, concurrency: int | None = None, duration_s: float = 60.0,
-             progress: bool = False, **knobs) -> pd.DataFrame:
+             progress: bool = False, warmup_s: float | None = None,
+             **knobs) -> pd.DataFrame:
     """Phase 2: replay the whole P/D system at each candidate (P, D). Without `ratios`,
     the candidates surround `P/D = decode_rate / prefill_rate` from `profile` (run
     here when not given). One row per candidate."""
@@ -153,7 +156,8 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
     if ratios is None:
         if profile is None:
             profile = pd_profile(model, trace, [prefill_layout], [decode_layout], hardware,
-                                 duration_s=duration_s, progress=progress, **knobs)
+                                 duration_s=duration_s, progress=progress,
+                                 warmup_s=warmup_s, **knobs)
         rates = saturation_table(profile)
         p_rate = rates.loc[("prefill", prefill_layout), "calls_s"]
         d_rate = rates.loc[("decode", decode_layout), "calls_s"]
@@ -168,9 +172,10 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
                 if rates is not None else 8 * d
         engine = PDEngine(model, prefill_layout, decode_layout, hardware, p, d, **knobs)
         r = engine.replay(trace, concurrency=c, duration_s=duration_s, max_idle_s=0.0,
-                          warmup_s=duration_s / 5)
+                          warmup_s=_warmup(duration_s, warmup_s))
         s, steps = r.summary, r.steps
-        busy = {role: _busy_share(steps[steps["role"] == role], duration_s / 5, duration_s)
+        busy = {role: _busy_share(steps[steps["role"] == role], _warmup(duration_s, warmup_s),
+                                  duration_s)
                 for role in ROLES}
         rows.append({
             "P": p, "D": d, "P_over_D": p / d, "target_P_over_D": target, "gpus": engine.gpus,
@@ -184,6 +189,17 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
             "kv_pd_transferred_tokens": s["kv_pd_transferred_tokens"],
         })
     return pd.DataFrame(rows)
+
+
+def _warmup(duration_s: float, warmup_s: float | None) -> float:
+    """Seconds left out of the figures: a fifth of the run unless given. Each session's
+    first call prefills its whole context; with many sessions that cold start can
+    outlast a fifth of a short run."""
+    if warmup_s is None:
+        return duration_s / 5
+    if not 0 <= warmup_s < duration_s:
+        raise ConfigError(f"warmup_s={warmup_s} must be >= 0 and below duration_s={duration_s}")
+    return warmup_s
 
 
 def _busy_share(steps: pd.DataFrame, start: float, end: float) -> float:

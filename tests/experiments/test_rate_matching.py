@@ -77,7 +77,7 @@ def test_sweep_replays_the_candidates_around_the_match(trace, profile):
     assert (sweep["gpus"] == sweep["P"] * 1 + sweep["D"] * 2).all()
     assert (sweep["calls_s"] > 0).all() and (sweep["kv_pd_transferred_tokens"] > 0).all()
     fixed = pd_sweep("llama-3.1-8b", trace, "tp1", "tp2", ratios=[(1, 1), (2, 1)],
-                     concurrency=8, duration_s=10)
+                     concurrency=8, duration_s=10, warmup_s=1.0)
     assert list(fixed["P"]) == [1, 2] and fixed["target_P_over_D"].isna().all()
     # with the decode side as the bottleneck, a second prefill group buys little
     one, two = fixed["calls_s"]
@@ -111,6 +111,7 @@ def test_pd_commands_write_the_tables(tmp_path, capsys):
     (["profile", "--prefill-layouts", "tp3"], ["tp3"]),
     (["profile", "--decode-layouts", "tp1", "--concurrency", "0,2"], ["--concurrency"]),
     (["profile"], ["at least one"]),
+    (["profile", "--decode-layouts", "tp1", "--warmup-s", "9"], ["warmup_s=9", "duration_s"]),
 ])
 def test_bad_pd_input_exits_2_before_running(tmp_path, capsys, argv, words):
     path = tmp_path / "t.jsonl"
