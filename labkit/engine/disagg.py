@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from labkit.engine.engine import Engine
+from labkit.engine.engine import _COMMIT, Engine
 from labkit.engine.events import EventBus
 from labkit.engine.metrics import ReplayResult
 from labkit.engine.request import Request, Status
@@ -119,9 +119,19 @@ class PDEngine:
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode
 
+    def _next(self) -> tuple[float, Engine | None]:
+        """When the next event happens, and in which group (None: a P/D arrival, which
+        goes first on a tie)."""
+        t = self._arrivals[0][0] if self._arrivals else math.inf
+        source = None
+        for e in self._engines():
+            te = e._next_time()
+            if te < t:
+                t, source = te, e
+        return t, source
+
     def _next_time(self) -> float:
-        own = self._arrivals[0][0] if self._arrivals else math.inf
-        return min([own] + [e._next_time() for e in self._engines()])
+        return self._next()[0]
 
     def has_events(self) -> bool:
         return self._next_time() < self.stop_s
@@ -129,19 +139,14 @@ class PDEngine:
     def step(self) -> bool:
         """Process events, in time order across all groups, up to the next committed
         step of any group. False when nothing is left before `stop_s`."""
-        from labkit.engine.engine import _COMMIT
-
         while True:
-            own = self._arrivals[0][0] if self._arrivals else math.inf
-            times = [e._next_time() for e in self._engines()]
-            t = min([own] + times)
+            t, engine = self._next()
             if t >= self.stop_s or t == math.inf:
                 return False
             self.now = t
-            if own <= t:
+            if engine is None:
                 self._route(heapq.heappop(self._arrivals)[2])
                 continue
-            engine = self._engines()[times.index(t)]
             engine.stop_s = self.stop_s
             if engine._process_next() == _COMMIT:
                 return True

@@ -194,8 +194,8 @@ class Engine:
                                        self.data_plane.copy_kv if compute else None))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
-                              self.block_layout, self.layout.num_dp_ranks, self.events,
-                              self._prefill_seconds,
+                              self.block_size, self.block_layout, self.layout.num_dp_ranks,
+                              self.events, self._prefill_seconds,
                               lambda r: self.schedulers[r.rank].kv.table(r.request_id))
             sources.append(offload.offer)
             for s in self.schedulers:

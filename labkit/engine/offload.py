@@ -32,19 +32,18 @@ GIB = 2**30
 
 
 class Offload:
-    def __init__(self, config, hardware, layout, placement, block_layout, num_ranks: int,
-                 events: EventBus, prefill_seconds: Callable[[int, int], float],
+    def __init__(self, config, hardware, layout, placement, block_size: int, block_layout,
+                 num_ranks: int, events: EventBus, prefill_seconds: Callable[[int, int], float],
                  block_table: Callable[[object], object]) -> None:
         """`block_layout`: how a block sits in GPU memory (`kv/packing.py`);
         `prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
         `block_table(request)`: its block ids on its rank."""
-        block_size = config.block_size or placement.model.block_size
         self.block_size = block_size
         self.block_table = block_table
         self.events = events
         self.prefill_seconds = prefill_seconds
         block_bytes = block_size * placement.kv_bytes_per_token()
-        per_gpu = block_size * placement.kv_bytes_per_token_per_gpu()
+        per_gpu = block_layout.block_bytes
         g = layout.gpus_per_replica
         nodes_per_store = max(1, math.ceil(g / hardware.gpus_per_node))
         self.ranks_per_store = max(1, hardware.gpus_per_node // g)

@@ -122,7 +122,7 @@ def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h2
         best["saturated"] = True
     bar.close()
     table = pd.DataFrame(rows)
-    table["saturated"] = table.get("saturated", False).fillna(False).astype(bool)
+    table["saturated"] = table["saturated"].fillna(False).astype(bool)  # one per layout
     return table
 
 

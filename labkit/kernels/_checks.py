@@ -109,6 +109,13 @@ class Checker:
         if hi > capacity:
             self.fail(f"{name} has {hi} > {capacity} ({capacity_why})")
 
+    def paged_lengths(self, lens_name: str, lens: torch.Tensor, table: torch.Tensor,
+                      page: int, num_blocks: int):
+        """Lengths fit in their block-table rows, and the entries they use name blocks."""
+        self.lengths(lens_name, lens, table.shape[1] * page,
+                     f"block_table holds {table.shape[1]} blocks of {page} tokens")
+        self.table_entries("block_table", table, lens, page, num_blocks)
+
     def table_entries(self, name: str, table: torch.Tensor, lens: torch.Tensor, page: int,
                       num_blocks: int):
         """Entries a request uses (its first ceil(len / page)) must name existing blocks;

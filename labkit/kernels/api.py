@@ -52,9 +52,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
         c.fail(f"q's {Hq} heads must be a multiple of k_cache's {Hkv} KV heads (GQA)")
     c.dim("block_table", block_table, 0, "batch", B, "q's batch")
     c.dim("seq_lens", seq_lens, 0, "batch", B, "q's batch")
-    c.lengths("seq_lens", seq_lens, block_table.shape[1] * BS,
-              f"block_table holds {block_table.shape[1]} blocks of {BS} tokens")
-    c.table_entries("block_table", block_table, seq_lens, BS, NB)
+    c.paged_lengths("seq_lens", seq_lens, block_table, BS, NB)
     if choose("paged_decode_attention", q.device) == "triton":
         return _triton(q).paged_decode_attention(
             q, k_cache, v_cache, block_table, seq_lens, scale,
@@ -99,9 +97,7 @@ def mla_paged_decode(q_latent, latent_cache, block_table, seq_lens, scale,
     c.kv_lora_rank(kv_lora_rank, Dc)
     c.dim("block_table", block_table, 0, "batch", B, "q_latent's batch")
     c.dim("seq_lens", seq_lens, 0, "batch", B, "q_latent's batch")
-    c.lengths("seq_lens", seq_lens, block_table.shape[1] * BS,
-              f"block_table holds {block_table.shape[1]} blocks of {BS} tokens")
-    c.table_entries("block_table", block_table, seq_lens, BS, NB)
+    c.paged_lengths("seq_lens", seq_lens, block_table, BS, NB)
     if choose("mla_paged_decode", q_latent.device) == "triton":
         out, lse = _triton(q_latent).mla_paged_decode(
             q4, latent_cache, block_table, seq_lens, scale, kv_lora_rank,
@@ -237,9 +233,7 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
     B = block_table.shape[0]
     c.dim("prefix_lens", prefix_lens, 0, "batch", B, "block_table's rows")
     c.dim("query_start_loc", query_start_loc, 0, "batch + 1", B + 1, "block_table's rows + 1")
-    c.lengths("prefix_lens", prefix_lens, block_table.shape[1] * BS,
-              f"block_table holds {block_table.shape[1]} blocks of {BS} tokens")
-    c.table_entries("block_table", block_table, prefix_lens, BS, NB)
+    c.paged_lengths("prefix_lens", prefix_lens, block_table, BS, NB)
     if c.on_cpu:
         qsl = query_start_loc.tolist()
         if qsl[0] != 0 or qsl[-1] != T or any(a > b for a, b in zip(qsl, qsl[1:])):

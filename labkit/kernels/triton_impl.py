@@ -3,6 +3,9 @@
 Imported lazily by `labkit.kernels.dispatch`. Whether `triton.jit` builds compiled or
 interpreted kernels is decided when this module is imported, from TRITON_INTERPRET; the
 dispatcher loads a second, interpreted copy when CPU tensors need one (see there).
+That is why the @jit kernels and their host-side launchers share this one file: the
+interpreted copy is this file executed again, and `aot` records launches by swapping
+the `*_kernel` names here; launchers in another module would call the compiled kernels.
 Kernels call no @jit function of triton.language (tl.sum, tl.max, tl.zeros are such):
 an interpreted kernel cannot call those when triton.language itself was imported in
 compiled mode, which any earlier `import triton` (torch imports it too) fixes for good.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.kernels import bench
+from labkit.kernels import bench, bench_cases
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
@@ -15,11 +15,11 @@ def test_without_cuda_says_so_and_returns_0(capsys):
 
 
 def test_harness_on_tiny_cpu_shapes(torch_backend):
-    cases = [bench.gqa_decode(2, 256, 8, 2, 64),
-             bench.mla_decode(2, 256, 4, Q=2, Dl=32, Dr=16, page=16),
-             bench.sparse(2, 256, 4, topk=32, Dl=32, Dr=16, page=16),
-             bench.merge(2, 2, 4, 32), bench.cache_write(16, 2, 32),
-             bench.cache_write(16, 1, 48, latent=True), bench.prefill(64, 32, 4, 2, 32)]
+    cases = [bench_cases.gqa_decode(2, 256, 8, 2, 64),
+             bench_cases.mla_decode(2, 256, 4, Q=2, Dl=32, Dr=16, page=16),
+             bench_cases.sparse(2, 256, 4, topk=32, Dl=32, Dr=16, page=16),
+             bench_cases.merge(2, 2, 4, 32), bench_cases.cache_write(16, 2, 32),
+             bench_cases.cache_write(16, 1, 48, latent=True), bench_cases.prefill(64, 32, 4, 2, 32)]
     failures = []
     rows = bench.run_cases(cases, "cpu", bench.Timer("cpu", warmup=1, repeats=2),
                            printer=failures.append)
@@ -35,7 +35,7 @@ def test_harness_on_tiny_cpu_shapes(torch_backend):
 
 
 def test_default_case_lists_are_well_formed():
-    full, quick = bench.default_cases(), bench.default_cases(quick=True)
+    full, quick = bench_cases.default_cases(), bench_cases.default_cases(quick=True)
     assert len(quick) < len(full)
     kernels = {c.kernel for c in full}
     assert kernels == {"paged_decode_attention", "mla_paged_decode", "sparse_topk_attention",
@@ -57,7 +57,7 @@ def test_latent_baseline_falls_back_to_plain_torch(monkeypatch):
     def refuse(*a, **kw):
         raise RuntimeError("No available kernel")
 
-    monkeypatch.setattr(bench, "_sdpa", refuse)
-    fns = bench._latent_baselines(q, k, 32, 0.1, mask)
+    monkeypatch.setattr(bench_cases, "_sdpa", refuse)
+    fns = bench_cases._latent_baselines(q, k, 32, 0.1, mask)
     assert list(fns) == ["torch matmul+softmax"]
     torch.testing.assert_close(fns["torch matmul+softmax"](), expected, atol=1e-5, rtol=1e-5)

@@ -7,29 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import gqa_case, pack_sequences, rand, tol
+from kernel_cases import assert_close, assert_lse, gqa_case, pack_sequences, rand
 
 import labkit.kernels as K
 from labkit.kernels import dispatch, reference
 
 pytestmark = pytest.mark.usefixtures("triton_backend")
+# Triton vs reference, both from the same inputs (bf16 rounds P to bf16 before P@V, as
+# FlashAttention does; the reference keeps P in fp32): assert_close's per-dtype bounds,
+# and LSEs a little looser than against float64 math
+LSE_ATOL = 2e-4
 
 
 def _to(device, *xs):
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
-
-
-def _close(actual, expected, dtype, what):
-    """Triton vs reference, both from the same inputs: per-dtype tolerance (bf16 rounds P
-    to bf16 before P@V, as FlashAttention does; the reference keeps P in fp32)."""
-    atol, rtol = tol(dtype)
-    torch.testing.assert_close(actual.cpu().double(), expected.cpu().double(), atol=atol,
-                               rtol=rtol, msg=lambda m: f"{what}: {m}")
-
-
-def _close_lse(actual, expected, what="lse"):
-    torch.testing.assert_close(actual.cpu().double(), expected.cpu().double(), atol=2e-4,
-                               rtol=1e-5, msg=lambda m: f"{what}: {m}")
 
 
 def _ran_triton(name, before):
@@ -53,8 +44,8 @@ def test_paged_decode(g, device, dtype, Hq, Hkv, D):
         _ran_triton("paged_decode_attention", n)
         n += 1
         assert out.dtype == dtype and lse.dtype == torch.float32 and out.device == q.device
-        _close(out, ref[0], dtype, f"out, {splits} splits")
-        _close_lse(lse, ref[1])
+        assert_close(out, ref[0], dtype, f"out, {splits} splits")
+        assert_lse(lse, ref[1], atol=LSE_ATOL)
         assert torch.all(out[1] == 0) and torch.all(lse[1] == float("-inf"))
 
 
@@ -67,8 +58,8 @@ def test_paged_decode_packed_views_and_page_size(g, device):
     packed = torch.stack([kc, vc], dim=1).to(device)
     q, table, sl = _to(device, q, table, sl)
     out, lse = K.paged_decode_attention(q, packed[:, 0], packed[:, 1], table, sl, 0.125)
-    _close(out, ref[0], dtype, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -84,12 +75,12 @@ def test_mla_decode(g, device, dtype, Q):
     n = dispatch.dispatch_counts[("mla_paged_decode", "triton")]
     out, lse = K.mla_paged_decode(q, cache, table, sl, scale, kv_lora_rank=Dl, num_splits=2)
     _ran_triton("mla_paged_decode", n)
-    _close(out, ref[0], dtype, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
     if Q == 1:
         out1, lse1 = K.mla_paged_decode(q[:, 0], cache, table, sl, scale, kv_lora_rank=Dl)
-        _close(out1, ref[0][:, 0], dtype, "out (3-D q, default splits)")
-        _close_lse(lse1, ref[1][:, 0])
+        assert_close(out1, ref[0][:, 0], dtype, "out (3-D q, default splits)")
+        assert_lse(lse1, ref[1][:, 0], atol=LSE_ATOL)
 
 
 def test_mla_decode_many_heads_no_rope(g, device):
@@ -101,8 +92,8 @@ def test_mla_decode_many_heads_no_rope(g, device):
     ref = reference.mla_paged_decode(q, cache, table, sl, 0.1, Dl)
     q, cache, table, sl = _to(device, q, cache, table, sl)
     out, lse = K.mla_paged_decode(q, cache, table, sl, 0.1, kv_lora_rank=Dl)
-    _close(out, ref[0], torch.bfloat16, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], torch.bfloat16, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -117,8 +108,8 @@ def test_merge(g, device, dtype):
     out, lse = K.merge_attn_states(*_to(device, outs, lses))
     _ran_triton("merge_attn_states", n)
     assert not torch.isnan(out.float()).any()
-    _close(out, ref[0], dtype, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
     assert torch.all(out[2, 1] == 0) and lse[2, 1] == float("-inf")
 
 
@@ -163,8 +154,8 @@ def test_prefill(g, device, dtype, Hq, Hkv, D):
     out, lse = K.paged_prefill_attention(*_to(device, q, kn, vn, kc, vc, table, pl, qsl),
                                          D ** -0.5)
     _ran_triton("paged_prefill_attention", n)
-    _close(out, ref[0], dtype, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -184,8 +175,8 @@ def test_sparse_topk(g, device, dtype):
     out, lse = K.sparse_topk_attention(*_to(device, q, cache, idx, table, req), scale,
                                        kv_lora_rank=Dl)
     _ran_triton("sparse_topk_attention", n)
-    _close(out, ref[0], dtype, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
     assert torch.all(lse[3].cpu() == float("-inf")) and torch.all(out[3].cpu() == 0)
 
 
@@ -219,8 +210,8 @@ def test_dcp_decode_and_merge(g, device):
         lses.append(ls)
     out, lse = K.merge_attn_states(torch.stack(outs), torch.stack(lses))
     assert K.last_backend["merge_attn_states"] == "triton"
-    _close(out, full[0], dtype, "merged out")
-    _close_lse(lse, full[1])
+    assert_close(out, full[0], dtype, "merged out")
+    assert_lse(lse, full[1], atol=LSE_ATOL)
 
 
 def test_tiny_model_shapes(g, device):
@@ -230,24 +221,24 @@ def test_tiny_model_shapes(g, device):
     q, kc, vc, table, sl, _, _ = gqa_case(g, [21, 3, 0], 4, 2, 16, 16, dtype)
     ref = reference.paged_decode_attention(q, kc, vc, table, sl, 0.25)
     out, lse = K.paged_decode_attention(*_to(device, q, kc, vc, table, sl), 0.25)
-    _close(out, ref[0], dtype, "gqa out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "gqa out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
 
     lat = [rand(g, L, 40) for L in (21, 3, 0)]
     (cache,), table, sl = pack_sequences(lat, 16, g)
     ql = rand(g, 3, 4, 40)
     ref = reference.mla_paged_decode(ql[:, None], cache, table, sl, 0.2, 32)
     out, lse = K.mla_paged_decode(*_to(device, ql, cache, table, sl), 0.2, kv_lora_rank=32)
-    _close(out, ref[0][:, 0], dtype, "mla out")
-    _close_lse(lse, ref[1][:, 0])
+    assert_close(out, ref[0][:, 0], dtype, "mla out")
+    assert_lse(lse, ref[1][:, 0], atol=LSE_ATOL)
 
     idx = torch.tensor([[0, 5, 20, -1], [2, 1, 0, -1], [-1, -1, -1, -1]], dtype=torch.int32)
     req = torch.tensor([0, 1, 2], dtype=torch.int32)
     ref = reference.sparse_topk_attention(ql, cache, idx, table, req, 0.2, 32)
     out, lse = K.sparse_topk_attention(*_to(device, ql, cache, idx, table, req), 0.2,
                                        kv_lora_rank=32)
-    _close(out, ref[0], dtype, "sparse out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], dtype, "sparse out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
 
 
 def test_wrong_max_seq_len_hint_costs_speed_not_correctness(g, device):
@@ -255,16 +246,16 @@ def test_wrong_max_seq_len_hint_costs_speed_not_correctness(g, device):
     ref = reference.paged_decode_attention(q, kc, vc, table, sl, 0.125)
     out, lse = K.paged_decode_attention(*_to(device, q, kc, vc, table, sl), 0.125,
                                         max_seq_len=20, num_splits=2)
-    _close(out, ref[0], torch.float32, "out")
-    _close_lse(lse, ref[1])
+    assert_close(out, ref[0], torch.float32, "out")
+    assert_lse(lse, ref[1], atol=LSE_ATOL)
     lat = [rand(g, L, 48) for L in (70, 9)]
     (cache,), table, sl = pack_sequences(lat, 16, g)
     ql = rand(g, 2, 4, 48)
     ref = reference.mla_paged_decode(ql[:, None], cache, table, sl, 0.2, 32)
     out, lse = K.mla_paged_decode(*_to(device, ql, cache, table, sl), 0.2, kv_lora_rank=32,
                                   max_seq_len=16)
-    _close(out, ref[0][:, 0], torch.float32, "mla out")
-    _close_lse(lse, ref[1][:, 0])
+    assert_close(out, ref[0][:, 0], torch.float32, "mla out")
+    assert_lse(lse, ref[1][:, 0], atol=LSE_ATOL)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter path")
