@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from labkit.engine.layouts import Placement
 from labkit.engine.kv.packing import block_layout
+from labkit.engine.kv.sliding_window import check_sliding_window
 from labkit.errors import ConfigError
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 
@@ -82,13 +83,17 @@ def capacity(model, layout, hardware="h200", context: int = 131072, kv_dtype: st
         raise ConfigError(f"context={context} must be a positive number of tokens")
     config = EngineConfig.from_knobs(kv_cache_dtype=kv_dtype,
                                      gpu_memory_utilization=gpu_memory_utilization, **knobs)
+    check_sliding_window(model, layout, config)
     placement = Placement(model, layout, config.kv_dtype(), config.dcp_kv_cache_interleave_size,
                           include_mtp=config.num_speculative_tokens > 0)
     available = memory_budget(placement, hardware, config, context)
     per_token = placement.kv_bytes_per_token_per_gpu()
     tokens = max(0, int(available // per_token)) if per_token else 0
     block = config.block_size or model.block_size
-    per_request = -(-context // block)
+    # blocks of the full-attention layers, plus pages of the sliding-window layers for
+    # the blocks a request still holds at the end (its last `sliding_window` tokens)
+    window_blocks = -(-context // block) - max(0, context - model.sliding_window + 1) // block
+    per_request = -(-context // block) + placement.window_pages_per_block() * window_blocks
     per_rank = (tokens // block) // per_request if tokens else 0
     concurrent = min(per_rank, config.max_num_seqs) * layout.num_dp_ranks
     packing = block_layout(placement, block, config.kv_layout)

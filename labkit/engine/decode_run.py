@@ -11,7 +11,8 @@ at once with numpy:
   ``cum[j]`` tokens;
 - the steps' costs are one vectorised call of the cost model on (k, ranks) arrays;
 - the block allocations the steps need are found arithmetically (where each
-  request's slot count crosses a block boundary).
+  request's slot count crosses a block boundary), and so are, for sliding-window
+  layers, the pages freed as the window passes a block boundary.
 
 A run is then *played back* lazily, exactly as step-by-step simulation would have
 done it: the allocations of step j happen when step j starts, its tokens are emitted
@@ -48,7 +49,8 @@ class DecodeRun:
     work: StepWork
     cum: np.ndarray  # (k+1,) tokens each request accepts before step j
     pairs: list  # (scheduler, request) in step order: by rank, then running order
-    new_blocks: np.ndarray  # (n, k) blocks request i allocates when step j starts
+    new_blocks: np.ndarray  # (n, k) pool blocks request i takes (net) when step j starts
+    kv_calls: np.ndarray  # (n, k) bool: step j of request i allocates or slides
     kv_used: np.ndarray  # (k, R) blocks in use during each step
     finishes: bool  # the last step finishes a request
     width: int  # tokens per decode step (1 + drafts)
@@ -82,7 +84,7 @@ class DecodeRun:
         gained = np.minimum(self.cum[commit_stop] - self.cum[first],
                             [r.remaining_output_tokens for _, r in self.pairs])
         events = []  # (boundary, 0 = register / 1 = allocate, request, step)
-        req_idx, step_idx = np.nonzero(self.new_blocks[:, self.allocated : alloc_stop])
+        req_idx, step_idx = np.nonzero(self.kv_calls[:, self.allocated : alloc_stop])
         events += [(j + self.allocated, 1, i, j + self.allocated)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         after = before[:, None] + np.minimum(
@@ -132,6 +134,7 @@ class DecodeRun:
         self.work = self.work.head(steps)
         self.kv_used = self.kv_used[:steps]
         self.new_blocks = self.new_blocks[:, :steps]
+        self.kv_calls = self.kv_calls[:, :steps]
         self.cum = self.cum[: steps + 1]
         self.finishes = False
 
@@ -161,8 +164,15 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     need = -(-(computed[:, None] + cum[None, :k] + width) // block_size)  # (n, k)
     held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
     new = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)  # (n, k)
+    net, calls = new, new > 0
+    if schedulers[0].kv.window is not None:
+        slid = _window_slides(pairs, computed[:, None] + cum[None, :k])
+        if slid is None:
+            return None  # a window page is shared: its release is not ours to plan
+        pages = schedulers[0].kv.window.pages_per_block
+        net, calls = new * (1 + pages) - slid * pages, calls | (slid > 0)
     per_rank = np.zeros((k, len(schedulers)), dtype=np.int64)
-    np.add.at(per_rank, (slice(None), rank_of), new.T)
+    np.add.at(per_rank, (slice(None), rank_of), net.T)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
     fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
@@ -183,10 +193,23 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     start = np.concatenate([[now], ends[:-1]])
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
-    run = DecodeRun(start, timing, work, cum[: k + 1], pairs, new[:, :k], kv_used,
-                    finishes, width)
+    run = DecodeRun(start, timing, work, cum[: k + 1], pairs, net[:, :k], calls[:, :k],
+                    kv_used, finishes, width)
     run.truncate(within)
     return run
+
+
+def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
+    """(n, k) logical blocks whose window pages request i frees when step j starts
+    (`computed[i, j]` tokens by then); None if a window page is shared, as then
+    freeing it may not return it to the pool."""
+    window = pairs[0][0].kv.window
+    tables = [window.tables[r.request_id] for _, r in pairs]
+    if any((window.pool.ref_count[t.live()] > 1).any() for t in tables):
+        return None
+    live = np.array([t.first_live for t in tables], dtype=np.int64)[:, None]
+    first = np.maximum(np.maximum(0, computed - window.window + 1) // window.block_size, live)
+    return np.diff(np.concatenate([live, first], axis=1), axis=1)
 
 
 def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:

@@ -310,6 +310,9 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
     if p.max_model_len > d.max_model_len:
         raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
                           f"decode only {d.max_model_len} (max_model_len)")
+    if p.model.sliding_window_layers:
+        raise ConfigError(f"{where}: {p.model.name} has sliding-window layers, whose window "
+                          f"pages P/D does not transfer yet (full-attention blocks only)")
     if p.backend == "compute" and p.model.linear_layers:
         raise ConfigError(f"{where}: {p.model.name} keeps linear-attention state, which the "
                           f"compute plane does not hand over between pools yet")

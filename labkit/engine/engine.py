@@ -34,6 +34,7 @@ from labkit.engine.instance import Instance
 from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.kv.packing import block_layout
+from labkit.engine.kv.sliding_window import SlidingWindow, check_sliding_window
 from labkit.engine.kv.state_snapshots import StateSnapshots
 from labkit.engine.metrics import StepRecorder
 from labkit.engine.offload import Offload
@@ -75,6 +76,7 @@ class Engine:
         self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
         self.layout = _with_dcp_knob(Layout.parse(layout), self.config.decode_context_parallel_size)
         self.layout.check_model(self.model)
+        check_sliding_window(self.model, self.layout, self.config)
         self.backend = backend
         if backend == "compute" and self.model.linear_layers:
             # a linear-attention state summarises a whole prefix: no paged reuse
@@ -126,6 +128,7 @@ class Engine:
         self.router = Router(self.config.router, self.schedulers, self.events)
         self.offload = self._prefix_sources(backend)
         self._state_snapshots()
+        self._sliding_windows()
         if backend == "compute":
             self.events.subscribe(lambda e: self.data_plane.release(e.request.request_id),
                                   RequestFinished)
@@ -168,6 +171,17 @@ class Engine:
             s.kv.snapshots = StateSnapshots(s.kv.pool, pages,
                                             self.config.linear_state_retention)
 
+    def _sliding_windows(self) -> None:
+        """Sliding-window layers: a second table per request over the same pool, freed
+        as the window moves (`kv/sliding_window.py`)."""
+        m = self.model
+        if not m.sliding_window_layers:
+            return
+        pages = self.placement.window_pages_per_block()
+        for s in self.schedulers:
+            s.kv.window = SlidingWindow(s.kv.pool, self.block_size, m.sliding_window, pages,
+                                        self.events, s.rank)
+
     def extra_summary(self) -> dict:
         """Summary entries of the optional mechanisms: offload tiers, state snapshots."""
         out = self.offload.summary() if self.offload is not None else {}
@@ -176,6 +190,8 @@ class Engine:
         out["kv_internal_fragmentation"] = 1.0 - used / allocated if allocated else 0.0
         if self.hisparse is not None:
             out.update(self.hisparse.summary())
+        if self.model.sliding_window_layers:
+            out["kv_window_blocks_freed"] = sum(s.kv.window.pages_slid for s in self.schedulers)
         snaps = [s.kv.snapshots.stats for s in self.schedulers if s.kv.snapshots is not None]
         if snaps:
             for name in ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space",
@@ -188,7 +204,9 @@ class Engine:
         (session_kv_migration="fetch") and the node's offload tiers (cpu_kv_gib)."""
         compute = backend == "compute"
         sources, offload = [], None
-        if self.config.session_kv_migration == "fetch":
+        # the compute plane copies full-attention blocks only: window models recompute
+        window = compute and self.model.sliding_window_layers
+        if self.config.session_kv_migration == "fetch" and not window:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
                                        self.data_plane.copy_kv if compute else None))
@@ -248,6 +266,10 @@ class Engine:
                 f"with enable_chunked_prefill off"
             )
         blocks = -(-(total + self.config.num_speculative_tokens) // self.block_size)
+        if self.model.sliding_window_layers:  # at worst a window plus a whole chunk
+            span = self.model.sliding_window + min(total, self.config.max_num_batched_tokens)
+            blocks += self.placement.window_pages_per_block() * min(
+                blocks, -(-span // self.block_size) + 1)
         if blocks > self.num_blocks_per_rank:
             raise ConfigError(
                 f"request {request_id} needs {blocks} KV blocks ({total} tokens) but a DP "

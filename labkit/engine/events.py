@@ -141,6 +141,17 @@ class BlocksFreed(Event):
 
 
 @dataclass(slots=True)
+class WindowSlid(Event):
+    """Sliding-window layers: a request's pages of blocks its next queries no longer
+    read went back to the pool (`kv/sliding_window.py`), oldest first."""
+
+    kind: ClassVar[str] = "window_slid"
+    rank: int
+    request_id: str
+    blocks: np.ndarray
+
+
+@dataclass(slots=True)
 class BlocksCached(Event):
     """Full blocks got their prefix-cache key and can now be hit."""
 

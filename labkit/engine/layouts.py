@@ -170,11 +170,19 @@ class Placement:
         return per_layer * self.kv_heads_per_gpu / m.num_kv_heads
 
     def persistent_kv_bytes_per_gpu(self, num_tokens: int) -> float:
-        """KV of one request of num_tokens on the GPU holding the most of it."""
+        """KV of one request of num_tokens on the GPU holding the most of it (its
+        sliding-window layers hold the last `sliding_window` tokens only)."""
         tokens = (dcp_shard_tokens(num_tokens, self.layout.dcp, self.dcp_interleave)
                   if self.layout.dcp > 1 else num_tokens)
         kv = tokens * self._kv_layers_per_gpu() * self.kv_bytes_per_token_per_layer_per_gpu()
-        return kv + self.state_bytes_per_gpu()
+        window = min(num_tokens, self.model.sliding_window) * self.window_pages_per_block()
+        return kv + window * self.kv_bytes_per_token_per_gpu() + self.state_bytes_per_gpu()
+
+    def window_pages_per_block(self) -> int:
+        """Pool pages (sized for the full-attention layers) the sliding-window layers
+        of one logical block take (0 without them; see kv/sliding_window.py)."""
+        m = self.model
+        return -(-m.num_sliding_layers // self._full_attention_layers())
 
     def kv_bytes_per_token_per_gpu(self) -> float:
         """Average persistent KV bytes a token costs on a GPU of its replica (capacity)."""

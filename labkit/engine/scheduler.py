@@ -188,7 +188,7 @@ class Scheduler:
                 break
             transfer = self._transfer(req, cached, adopted)
             if transfer is not None:  # hold the blocks now, compute once the KV has arrived
-                if not self.kv.allocate(req, transfer.tokens - cached, match):
+                if not self.kv.allocate(req, transfer.tokens - cached, match, copied=True):
                     break
                 self.waiting.pop()
                 req.num_computed_tokens = transfer.tokens

@@ -5,8 +5,8 @@ report; `tests/specs` checks the derived parameter counts against the published
 totals (Llama-3.1-8B 8.0B, DeepSeek-V3 671B total / 37B active, ...).
 
 The `tiny-*` presets keep each family's structure (GQA vs MLA, MoE routing, shared
-experts, dense first layers, indexer, linear-attention layers) at sizes a laptop CPU
-runs in milliseconds.
+experts, dense first layers, indexer, linear-attention and sliding-window layers) at
+sizes a laptop CPU runs in milliseconds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ _DSA_INDEXER = dict(index_num_heads=64, index_head_dim=128, index_topk=2048)
 # Kimi-Linear-48B-A3B: KDA (linear) layers everywhere except every 4th layer and the
 # last, which use MLA (1-based full-attention layers 4, 8, ..., 24, 27).
 _KIMI_LINEAR_FULL = (3, 7, 11, 15, 19, 23, 26)
+
+# gpt-oss: sliding-window (128 tokens) and full attention alternate, starting with a
+# sliding layer. Its MoE weights ship in MXFP4 (4.25 bits); labkit has no fp4 kernels
+# and serves them as fp8, so weights take ~2x the published 61 GiB.
+_GPT_OSS_SLIDING = tuple(range(0, 36, 2))
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
@@ -78,6 +83,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             max_model_len=1048576, block_size=64,
             source="moonshotai/Kimi-Linear-48B-A3B-Instruct config.json (KDA:MLA 3:1)",
         ),
+        ModelSpec(
+            "gpt-oss-120b", "gpt_oss", num_layers=36, hidden_size=2880, vocab_size=201088,
+            num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=2880,
+            num_experts=128, num_experts_per_tok=4, moe_intermediate_size=2880,
+            sliding_window=128, sliding_window_layers=_GPT_OSS_SLIDING, weight_dtype="fp8",
+            max_model_len=131072, source="openai/gpt-oss-120b config.json (SWA:full 1:1)",
+        ),
         # ---------------------------------------------------------- tiny variants
         ModelSpec(
             "tiny-llama", "llama", num_layers=2, hidden_size=64, vocab_size=512,
@@ -116,11 +128,19 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             linear_head_dim=16, linear_conv_kernel=4, max_model_len=65536, block_size=16,
             source="tiny variant of kimi-linear (3 KDA : 1 MLA)",
         ),
+        ModelSpec(
+            "tiny-gpt-oss", "gpt_oss", num_layers=2, hidden_size=64, vocab_size=512,
+            num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=32,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            sliding_window=24, sliding_window_layers=(0,), max_model_len=65536,
+            block_size=16, source="tiny variant of gpt-oss (SWA:full 1:1, window 24)",
+        ),
     ]
 }
 
 # Short names people type.
-MODEL_ALIASES = {"kimi-linear": "kimi-linear-48b-a3b", "kimi-linear-style": "kimi-linear-48b-a3b"}
+MODEL_ALIASES = {"gpt-oss": "gpt-oss-120b", "kimi-linear": "kimi-linear-48b-a3b",
+                 "kimi-linear-style": "kimi-linear-48b-a3b"}
 
 
 def get_model(model: str | ModelSpec) -> ModelSpec:

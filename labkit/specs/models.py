@@ -10,7 +10,9 @@ architecture numbers and derives the quantities the rest of labkit uses:
   KV head; MLA layers (DeepSeek-V3, Kimi-K2) store one compressed latent vector
   (`kv_lora_rank + qk_rope_head_dim` elements) shared by all heads; a DSA indexer
   (DeepSeek-V3.2) adds its own small key cache; linear-attention layers (Kimi-Linear's
-  KDA) keep a fixed-size state per sequence instead of per-token KV.
+  KDA) keep a fixed-size state per sequence instead of per-token KV; sliding-window
+  layers (gpt-oss, Gemma) store per-token KV like full attention but only the last
+  `sliding_window` tokens are ever read, so a request holds at most a window of it.
 - Parameter counts: total, per layer, per expert, and *active* per token.
 
 The presets themselves live in `model_presets.py`.
@@ -56,6 +58,10 @@ class ModelSpec:
     linear_num_heads: int = 0
     linear_head_dim: int = 0
     linear_conv_kernel: int = 0
+    # Sliding-window attention layers (same projections as the full-attention ones;
+    # a query attends only the last `sliding_window` positions, itself included)
+    sliding_window: int = 0
+    sliding_window_layers: tuple[int, ...] = ()
     # DSA sparse indexer (DeepSeek-V3.2)
     index_num_heads: int = 0
     index_head_dim: int = 0
@@ -66,6 +72,21 @@ class ModelSpec:
     max_model_len: int = 131072
     block_size: int = 16  # the KV block size engines use for this family by default
     source: str = ""  # where the numbers come from
+
+    def __post_init__(self) -> None:
+        swa, linear = set(self.sliding_window_layers), set(self.linear_layers)
+        if swa and self.sliding_window < 1:
+            raise ValueError(f"model {self.name}: sliding_window_layers need sliding_window >= 1")
+        if swa & linear:
+            raise ValueError(f"model {self.name}: layers {sorted(swa & linear)} are both "
+                             "sliding-window and linear-attention layers")
+        if any(not 0 <= i < self.num_layers for i in swa | linear):
+            raise ValueError(f"model {self.name}: a layer index is outside "
+                             f"0..{self.num_layers - 1}")
+        if swa and self.num_full_attention_layers < 1:
+            # KV pages are sized by the full-attention layers (see engine/kv/sliding_window.py)
+            raise ValueError(f"model {self.name}: a sliding-window model needs at least one "
+                             "full-attention layer")
 
     # ------------------------------------------------------------------ layers
     @property
@@ -83,6 +104,9 @@ class ModelSpec:
     def is_linear_layer(self, layer: int) -> bool:
         return layer in self.linear_layers
 
+    def is_sliding_layer(self, layer: int) -> bool:
+        return layer in self.sliding_window_layers
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.is_moe and layer >= self.first_k_dense
 
@@ -91,8 +115,13 @@ class ModelSpec:
         return len(self.linear_layers)
 
     @property
+    def num_sliding_layers(self) -> int:
+        return len(self.sliding_window_layers)
+
+    @property
     def num_full_attention_layers(self) -> int:
-        return self.num_layers - self.num_linear_layers
+        """Layers whose KV grows with the whole context (sliding-window ones excluded)."""
+        return self.num_layers - self.num_linear_layers - self.num_sliding_layers
 
     @property
     def num_moe_layers(self) -> int:
@@ -115,7 +144,8 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token_per_layer(self, dtype: str = "bf16") -> int:
-        """Bytes one token costs in one full-attention layer, indexer keys included."""
+        """Bytes one token costs in one attention layer (full or sliding window), indexer
+        keys included."""
         nbytes = self.kv_elements_per_token_per_layer() * dtype_bytes(dtype)
         if self.has_indexer:
             nbytes += self.index_head_dim + INDEXER_SCALE_BYTES
@@ -125,6 +155,10 @@ class ModelSpec:
         """Bytes one token costs over all full-attention layers (one copy of the model)."""
         layers = self.num_full_attention_layers + (self.num_mtp_modules if include_mtp else 0)
         return layers * self.kv_bytes_per_token_per_layer(dtype)
+
+    def sliding_kv_bytes_per_token(self, dtype: str = "bf16") -> int:
+        """Bytes one token costs over all sliding-window layers (while in the window)."""
+        return self.num_sliding_layers * self.kv_bytes_per_token_per_layer(dtype)
 
     def linear_state_bytes_per_sequence(self, state_dtype: str = "fp32") -> int:
         """Fixed state of all linear-attention layers for one sequence.

@@ -22,6 +22,10 @@ CONFIGS = {
                           acceptance_length=2.5, router="least_loaded"),
     "preemption pressure": dict(model="tiny-llama", layout="tp1",
                                 num_gpu_blocks_override=1320, max_num_seqs=8),
+    "sliding window": dict(model="tiny-gpt-oss", layout="tp1", num_speculative_tokens=2,
+                           acceptance_length=2.5),
+    "sliding window, tight KV": dict(model="tiny-gpt-oss", layout="dp2",
+                                     num_gpu_blocks_override=1500, max_num_seqs=8),
 }
 
 

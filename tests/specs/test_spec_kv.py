@@ -153,7 +153,30 @@ def test_kimi_linear_fixed_state_per_sequence():
 def test_models_without_linear_layers_have_no_state(name):
     m = get_model(name)
     assert m.linear_state_bytes_per_sequence() == 0
-    assert m.num_full_attention_layers == m.num_layers
+    assert m.num_full_attention_layers + m.num_sliding_layers == m.num_layers
+
+
+def test_gpt_oss_kv_by_hand():
+    # openai/gpt-oss-120b config.json: 36 layers alternating sliding_attention (window
+    # 128) and full_attention, 8 KV heads of 64 dims.
+    m = get_model("gpt-oss-120b")
+    per_layer = 2 * 8 * 64 * 2  # key + value, bf16
+    assert m.kv_bytes_per_token_per_layer() == per_layer
+    assert m.num_full_attention_layers == m.num_sliding_layers == 18
+    assert m.kv_bytes_per_token() == 18 * per_layer == m.sliding_kv_bytes_per_token()
+    assert [m.is_sliding_layer(i) for i in range(4)] == [True, False, True, False]
+    assert m.sliding_window == 128
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(sliding_window=0), "need sliding_window"),
+    (dict(sliding_window_layers=(0, 1)), "at least one full-attention layer"),
+    (dict(sliding_window_layers=(0, 5)), "outside"),
+    (dict(linear_layers=(0,)), "both sliding-window and linear"),
+])
+def test_inconsistent_sliding_window_specs_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        replace(get_model("tiny-gpt-oss"), **change)
 
 
 def test_tiny_kimi_linear_keeps_the_hybrid_kv_rule():

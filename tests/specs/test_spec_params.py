@@ -171,6 +171,9 @@ PUBLISHED = [
     ("kimi-k2", 1_026_408_235_864, 1e-5, 32e9, 0.03,
      "HF safetensors total of Kimi-K2-Instruct; model card: 32B activated (32.9 with "
      "the embedding)"),
+    ("gpt-oss-120b", 116.83e9, 1e-3, 5.13e9 + 201088 * 2880, 0.01,
+     "model card: 116.83B total, 5.13B active without the input embedding (labkit's "
+     "active count includes it: +0.58B); biases, sinks and norms are left out"),
     ("kimi-linear-48b-a3b", 48e9, 0.03, 3e9, 0.17,
      "the '48B-A3B' labels are rounded class names: config.json gives 49.1B total and "
      "3.48B active with both embeddings (2.73B without)"),

@@ -22,6 +22,7 @@ TINY_OF = {
     "tiny-deepseek-v3": "deepseek-v3",
     "tiny-deepseek-v3.2": "deepseek-v3.2",
     "tiny-kimi-linear": "kimi-linear-48b-a3b",
+    "tiny-gpt-oss": "gpt-oss-120b",
 }
 
 

@@ -31,6 +31,19 @@ from labkit.errors import ConfigError
 
 ID_LIMIT = 1 << 42  # trace ids live below this; salts are multiples of it
 
+# Pages that belong to a block without being its full-attention KV (a linear-attention
+# state snapshot taken after it, its sliding-window layers' KV) are cached under keys
+# derived from the block's key, one namespace per kind.
+SNAPSHOT_NAMESPACE = 1
+WINDOW_NAMESPACE = 2
+
+
+def derived_keys(namespace: int, block_key: int, count: int) -> np.ndarray:
+    """Keys of `count` pages of kind `namespace` attached to the block named
+    `block_key` (tuples of ints hash the same in every process)."""
+    return np.array([hash((namespace, int(block_key), i)) for i in range(count)],
+                    dtype=np.int64)
+
 
 def check_block_sizes(block_size: int, trace_block_size: int) -> None:
     big, small = max(block_size, trace_block_size), min(block_size, trace_block_size)

@@ -14,6 +14,12 @@ in physical block ``table[i]``. The manager
   that is only partly full is copied before either side writes into it
   (copy-on-write).
 
+The tables here serve the full-attention layers. A model with sliding-window layers
+gives them a second table per request over the same pool (`window`, see
+`sliding_window.py`); a hybrid linear-attention model keeps state snapshots
+(`snapshots`, see `state_snapshots.py`). Either one narrows which cached prefixes
+are usable.
+
 Looking up a 142K-token agentic prompt must not cost 2,000 dictionary probes. The
 previous call of the same session left its table behind as a **prefix hint**; the
 cached part of that hint is a prefix (blocks are evicted tail first), so a binary
@@ -63,6 +69,8 @@ class PrefixMatch:
     # snapshot ends the prefix) are `num_tokens`; where a snapshot is worth saving
     cached_blocks: int = 0
     checkpoint_blocks: int = 0
+    # sliding-window models: the cached SWA pages of the prefix's last blocks
+    window_pages: np.ndarray | None = None
 
 
 NO_MATCH = PrefixMatch(EMPTY, 0)
@@ -103,6 +111,8 @@ class KVManager:
         # hybrid models: linear-attention state snapshots (state_snapshots.py), if any
         self.snapshots = None
         self._checkpoints: dict[str, int] = {}  # request -> block boundary to snapshot
+        # sliding-window layers: their own tables (sliding_window.py), if any
+        self.window = None
         # internal fragmentation, over finished calls: token slots their tables held
         # at the end vs tokens with KV in them
         self.slots_allocated = 0
@@ -118,6 +128,10 @@ class KVManager:
     def table(self, request_id: str) -> np.ndarray:
         table = self.tables.get(request_id)
         return table.view() if table else EMPTY
+
+    def window_table(self, request_id: str, group: int = 0) -> np.ndarray:
+        """The sliding-window layers' pages of each logical block (-1: not held)."""
+        return self.window.table(request_id, group)
 
     def held_blocks(self, req) -> tuple[np.ndarray, int]:
         """The blocks holding req's KV and how many tokens they cover: its table while
@@ -160,6 +174,10 @@ class KVManager:
             found = np.concatenate([found, np.array(extra, dtype=np.int32)])
         if self.snapshots is not None:
             return self._with_state(req, found, m)
+        if self.window is not None:  # no forked tail either: its window was never cached
+            usable, pages = self.window.usable_prefix(req.keys, m)
+            return PrefixMatch(found[:usable], usable * self.block_size, cached_blocks=m,
+                               window_pages=pages)
         tokens = m * self.block_size
         if req.forked_tokens:
             tail_tokens = self._adoptable_tail(req, m)
@@ -213,11 +231,21 @@ class KVManager:
         return blocks[:lo]
 
     # ------------------------------------------------------------ allocation
-    def can_allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
-        return self._blocks_to_take(req, num_new_tokens, match) <= self.pool.num_free
+    def can_allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH,
+                     copied: bool = False) -> bool:
+        return self._blocks_to_take(req, num_new_tokens, match, copied) <= self.pool.num_free
 
-    def _blocks_to_take(self, req, num_new_tokens: int, match: PrefixMatch) -> int:
+    def _blocks_to_take(self, req, num_new_tokens: int, match: PrefixMatch,
+                        copied: bool = False) -> int:
         table = self.tables.get(req.request_id)
+        window = 0
+        if self.window is not None:
+            computed = match.num_tokens if table is None else req.num_computed_tokens
+            window = self.window.pages_to_take(req.request_id, computed, num_new_tokens,
+                                               match.window_pages, copied)
+        return window + self._full_blocks_to_take(req, table, num_new_tokens, match)
+
+    def _full_blocks_to_take(self, req, table, num_new_tokens: int, match) -> int:
         if table is None:
             have, computed = len(match.blocks), match.num_tokens
             shared = self.pool.ref_count[match.blocks]
@@ -231,13 +259,16 @@ class KVManager:
             need = 1 if self._needs_copy(table, computed) else 0
         return need + max(0, self.blocks_needed(computed + num_new_tokens) - have)
 
-    def allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
+    def allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH,
+                 copied: bool = False) -> bool:
         """Make req's table cover its computed tokens plus `num_new_tokens`.
 
         A request without a table starts from `match`, its reusable prefix (from
-        `lookup`). Returns False, changing nothing, if the pool is short.
+        `lookup`). `copied`: the new tokens' KV is copied in, not computed here (only
+        matters to sliding-window layers). Returns False, changing nothing, if the
+        pool is short.
         """
-        if self._blocks_to_take(req, num_new_tokens, match) > self.pool.num_free:
+        if self._blocks_to_take(req, num_new_tokens, match, copied) > self.pool.num_free:
             return False
         table = self.tables.get(req.request_id)
         if table is None:
@@ -245,6 +276,8 @@ class KVManager:
             table = self._open_table(req, match)
         else:
             computed = req.num_computed_tokens
+            if self.window is not None:  # its freed pages count in the check above
+                self.window.slide(req.request_id, computed)
         if self._needs_copy(table, computed):
             self._copy_on_write(req, table, computed)
         missing = self.blocks_needed(computed + num_new_tokens) - table.n
@@ -253,6 +286,8 @@ class KVManager:
             table.extend(new)
             if self.events.wants(BlocksAllocated):
                 self.events.emit(BlocksAllocated(self.pool.now, self.rank, req.request_id, new))
+        if self.window is not None:
+            self.window.grow(req, computed, num_new_tokens, copied)
         return True
 
     def _open_table(self, req, match: PrefixMatch) -> BlockTable:
@@ -272,6 +307,10 @@ class KVManager:
             elif self.events.wants(CacheHit):
                 self.events.emit(CacheHit(self.pool.now, self.rank, req.request_id, hit))
         self.tables[req.request_id] = table
+        if self.window is not None:
+            pages = match.window_pages
+            self.window.open(req.request_id, len(table.blocks), len(hit),
+                             pages if pages is not None else EMPTY.reshape(0, 1))
         return table
 
     def _needs_copy(self, table: BlockTable, computed: int) -> bool:
@@ -286,7 +325,11 @@ class KVManager:
     def tail_is_shared(self, req) -> bool:
         """Would req's next write land in a block shared with another table?"""
         table = self.tables.get(req.request_id)
-        return table is not None and self._needs_copy(table, req.num_computed_tokens)
+        if table is None:
+            return False
+        computed = req.num_computed_tokens
+        return self._needs_copy(table, computed) or (
+            self.window is not None and self.window.tail_is_shared(req.request_id, computed))
 
     def _copy_on_write(self, req, table: BlockTable, computed: int) -> None:
         idx = computed // self.block_size
@@ -310,6 +353,8 @@ class KVManager:
             keys = req.keys.keys(table.num_keyed, full)
             self.pool.cache_blocks(blocks, keys, req.request_id)
             table.num_keyed = full
+            if self.window is not None:
+                self.window.cache(req.request_id, req.keys, full)
             if self.on_cached is not None:
                 self.on_cached(self.rank, blocks, keys, self.pool.now)
             boundary = self._checkpoints.get(req.request_id, 0)
@@ -336,6 +381,8 @@ class KVManager:
             self.slots_allocated += len(blocks) * self.block_size
             self.slots_used += computed
         self.pool.free(blocks[::-1])
+        if self.window is not None:
+            self.window.free(req.request_id)
         if self.events.wants(BlocksFreed):
             self.events.emit(BlocksFreed(self.pool.now, self.rank, req.request_id, blocks.copy()))
         if self.snapshots is not None:
@@ -360,6 +407,9 @@ class KVManager:
                              f"has {parent.num_computed_tokens} computed")
         shared = parent_table.view()[: self.blocks_needed(num_tokens)]
         table = BlockTable(self.blocks_needed(child.max_tokens))
+        if self.window is not None:  # first: it may refuse
+            self.window.fork(parent.request_id, child.request_id, num_tokens,
+                             len(table.blocks))
         self.pool.touch(shared)
         table.extend(shared)
         table.num_keyed = min(parent_table.num_keyed, num_tokens // self.block_size)

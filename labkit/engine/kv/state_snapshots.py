@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.engine.kv.block_keys import SNAPSHOT_NAMESPACE, derived_keys
+
 RETENTION = ("both", "interval", "selective", "none")
 
 
@@ -51,10 +53,8 @@ class StateSnapshots:
         self.stats = SnapshotStats()
 
     def _keys(self, boundary_key: int) -> np.ndarray:
-        """The pool keys of the snapshot taken after the block named boundary_key (a
-        namespace of their own: tuples of ints hash the same in every process)."""
-        return np.array([hash(("linear-state", int(boundary_key), i))
-                         for i in range(self.pages)], dtype=np.int64)
+        """The pool keys of the snapshot taken after the block named boundary_key."""
+        return derived_keys(SNAPSHOT_NAMESPACE, boundary_key, self.pages)
 
     def has(self, boundary_key: int) -> bool:
         return all(self.pool.cached_block(int(k)) >= 0 for k in self._keys(boundary_key))

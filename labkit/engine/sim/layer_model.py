@@ -53,6 +53,7 @@ class LayerStepModel:
         pp = lay.pp
         # layers of each kind on one pipeline stage (average stage)
         self.full_layers = m.num_full_attention_layers / pp
+        self.window_layers = m.num_sliding_layers / pp
         self.linear_layers = m.num_linear_layers / pp
         self.moe_layers = m.num_moe_layers / pp
         self.dense_layers = m.num_dense_mlp_layers / pp
@@ -116,10 +117,16 @@ class LayerStepModel:
                    + self.dense_layers * mlp[0] + self.linear_layers * linear)
         comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
                 + self.dense_layers * mlp_comm[0])
+        if self.window_layers:
+            swa, swa_comm = self._attention_layer(work, tokens, t_dec, self.model.sliding_window)
+            compute = compute + self.window_layers * swa
+            comm = comm + self.window_layers * swa_comm
         return compute, comm, tokens
 
     # ------------------------------------------------------------- attention
-    def _attention_layer(self, work: StepWork, tokens, t_dec):
+    def _attention_layer(self, work: StepWork, tokens, t_dec, window: int = 0):
+        """One attention layer; `window` > 0: a sliding-window layer, whose queries
+        read at most `window` positions each."""
         m, ops, w = self.model, self.ops, self.wdtype
         h, heads = m.hidden_size, self.heads
         if m.is_mla:
@@ -139,7 +146,7 @@ class LayerStepModel:
             kv_heads = self.placement.kv_heads_per_gpu
             proj = ops.gemm(tokens, (heads + 2 * kv_heads) * m.head_dim, h, w)
             proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
-        core = self._decode_core(work) + self._prefill_core(work)
+        core = self._decode_core(work, window) + self._prefill_core(work, window)
         comm = 0.0
         # DCP runs attention over token shards (gather queries, merge partial outputs)
         # for decode, and for prefill unless the chunk gathers the KV instead
@@ -152,12 +159,14 @@ class LayerStepModel:
             comm = comm + ops.collective(op, nbytes, n)
         return proj + core, comm
 
-    def _decode_core(self, work: StepWork):
+    def _decode_core(self, work: StepWork, window: int = 0):
         m, lay, ops = self.model, self.layout, self.ops
         b = work.num_decode_reqs
         busy = b > 0
         safe_b = np.maximum(b, 1)
         ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
+        if window:  # the mean context, capped (exact when all are past the window)
+            ctx = np.minimum(ctx, window)
         heads = self.placement.dcp_heads_per_gpu  # ...for every head sharing the shard
         if m.has_indexer:
             topk = np.minimum(ctx * lay.dcp, m.index_topk) / lay.dcp
@@ -173,11 +182,13 @@ class LayerStepModel:
                                      self.placement.kv_heads_per_gpu, m.head_dim, self.kv_dtype)
         return np.where(busy, t, 0.0)
 
-    def _prefill_core(self, work: StepWork):
+    def _prefill_core(self, work: StepWork, window: int = 0):
         if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
             return np.zeros(work.prefill_tokens.shape)
         m, lay, ops = self.model, self.layout, self.ops
         rank, new, ctx = work.prefill_chunks
+        if window:
+            return self._window_prefill_core(work, window)
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
         # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
         # for their queries; otherwise DCP ranks attend over their own shards
@@ -203,6 +214,22 @@ class LayerStepModel:
             kv_tokens = (ctx + new) / shard
             t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
                              m.kv_lora_rank, "bf16")
+        per_rank = np.zeros(work.prefill_tokens.shape[1])
+        np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
+        return per_rank[None, :] / work.chunk_share
+
+    def _window_prefill_core(self, work: StepWork, window: int):
+        """Sliding-window prefill (GQA; DCP and PCP are refused for such models): a
+        chunk longer than the window runs as pieces of `window` queries, each over at
+        most a window of earlier keys."""
+        m, ops = self.model, self.ops
+        rank, new, ctx = work.prefill_chunks
+        piece = np.minimum(new, window)
+        pieces = new / np.maximum(piece, 1)
+        prefix = np.where(new > window, window, np.minimum(ctx, window))
+        t = pieces * ops.attention_prefill(1, np.maximum(piece, 1), prefix, self.heads,
+                                           self.placement.kv_heads_per_gpu, m.head_dim,
+                                           self.kv_dtype)
         per_rank = np.zeros(work.prefill_tokens.shape[1])
         np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
         return per_rank[None, :] / work.chunk_share

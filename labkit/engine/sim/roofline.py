@@ -86,6 +86,10 @@ class RooflineCostModel:
             decode_dims = prefill_dims = 2 * m.head_dim
         self.decode_pair_flops = 2 * heads * decode_dims * layers / lay.dcp
         self.prefill_pair_flops = 2 * heads * prefill_dims * layers / lay.dcp
+        # sliding-window layers: each query reads at most `window` keys
+        self.window = m.sliding_window
+        self.window_pair_flops = 2 * heads * 2 * m.head_dim * m.num_sliding_layers
+        self.window_kv_bytes_per_token = m.sliding_kv_bytes_per_token(kv_dtype) / kv_split
         if m.has_indexer:
             index = 2 * m.index_num_heads * m.index_head_dim * layers
             self.decode_pair_flops += index
@@ -142,6 +146,11 @@ class RooflineCostModel:
                       + work.decode_pairs * self.decode_pair_flops)
         kv_bytes = (work.kv_read_tokens * self.kv_bytes_per_token
                     + work.num_reqs * (2 * self.state_bytes))
+        if self.window:
+            pairs = np.minimum(work.prefill_pairs + work.decode_pairs, tokens * self.window)
+            attn_flops = attn_flops + pairs * self.window_pair_flops
+            read = np.minimum(work.kv_read_tokens, work.num_reqs * self.window + tokens)
+            kv_bytes = kv_bytes + read * self.window_kv_bytes_per_token
 
         compute = gemm_flops / self.gemm_rate + attn_flops / self.attn_rate
         memory = (weight_bytes + kv_bytes) / self.hbm_rate
