@@ -5,7 +5,9 @@
 - hybrid models: Kimi-Linear's prefix hits under each state-snapshot retention;
 - HiSparse: DeepSeek-V3.2 with its latents in host memory, GPU buffers of N tokens;
 - per-layer vs packed KV: copy descriptors and the time to load a 64K-token prefix
-  from host memory.
+  from host memory;
+- sliding-window layers: gpt-oss-120b with its window pages freed as the window
+  moves, against the same model keeping every layer's KV (no hybrid allocator).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def _run(label: str, engine, trace, **kw) -> dict:
             "tok_s_per_gpu": s["throughput_tok_s_per_gpu"],
             "wall_s": time.perf_counter() - t0, **{k: v for k, v in s.items()
                                                    if k.startswith(("linear_state_hits",
-                                                                    "hisparse_hit_rate"))}}
+                                                                    "hisparse_hit_rate",
+                                                                    "kv_window", "preempt"))}}
 
 
 def bench_kv(quick: bool = False) -> None:
@@ -80,4 +83,29 @@ def bench_kv(quick: bool = False) -> None:
                          "kib_per_descriptor": lay.bytes_per_descriptor / 1024,
                          "bytes_ms": 1e3 * copy_s,
                          "issue_ms": 1e3 * lay.copy_overhead_s(blocks)})
-    print(pd.DataFrame(rows).round(3).to_string(index=False))
+    print(pd.DataFrame(rows).round(3).to_string(index=False), "\n")
+
+    print("5. Sliding-window layers: gpt-oss-120b tp2, 6.6 GiB of KV per GPU")
+    print(_window_table(trace, sessions, duration / 3).round(3).to_string(index=False))
+
+
+def _window_table(trace, concurrency: int, duration: float) -> pd.DataFrame:
+    """gpt-oss with its 18 window layers freed as the window moves vs the same model
+    holding their KV for the whole context (one table for every layer), in the same
+    KV memory: 24,000 pages of 18 layers, or 12,000 blocks of 36."""
+    import dataclasses
+
+    from labkit import Engine
+    from labkit.specs import get_model
+
+    swa = get_model("gpt-oss-120b")
+    full = dataclasses.replace(swa, name="gpt-oss-120b, every layer full",
+                               sliding_window_layers=(), sliding_window=0)
+    rows = []
+    for model, blocks in ((swa, 24_000), (full, 12_000)):
+        engine = Engine(model, "tp2", "h200", num_gpu_blocks_override=blocks)
+        row = _run(model.name, engine, trace, concurrency=concurrency, duration_s=duration)
+        page = engine.block_size * engine.placement.kv_bytes_per_token_per_gpu()
+        row.update(pool_blocks=engine.num_blocks, page_kib=page / 1024)
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -23,7 +23,10 @@ block's key (a namespace of its own). A cached prefix of m blocks is usable only
 the SWA pages of its last `ceil((W-1)/block_size)` blocks are cached too: the next
 token attends them. The pages of earlier blocks may be long gone — that is the
 point. Freed window pages keep their keys until reused, so a session's next call,
-which re-sends this call's context, finds the window it left behind.
+which re-sends this call's context, finds the window its previous call left at its
+end. Under memory pressure a cached prefix loses its tail first; its hit then needs
+the window pages of an earlier point, freed as the window passed it — which is why
+SWA models lose more of their hits to eviction than full-attention ones.
 """
 
 from __future__ import annotations
@@ -223,7 +226,10 @@ class SlidingWindow:
         table.pages[table.first_live : stop] = -1
         table.first_live = stop
         table.num_keyed = max(table.num_keyed, stop)
-        self.pool.free(gone)  # oldest first: they are the next to be evicted
+        # Plain LRU, on purpose: queued ahead of other free blocks instead, they cost
+        # more hits than they save (NOTES.md): when a cached prefix loses its tail to
+        # eviction, its hit falls back to a point whose window was freed here.
+        self.pool.free(gone)
         self.pages_slid += len(gone)
         if self.events.wants(WindowSlid):
             self.events.emit(WindowSlid(self.pool.now, self.rank, request_id, gone))
