@@ -276,13 +276,20 @@ class PDEngine:
 def transfer_seconds(prefill: Engine, decode: Engine, tokens: int) -> float:
     """Time to move `tokens` of one call's KV from a prefill group to a decode group:
     the prefill GPUs share the sending (one copy of the KV, each GPU its NIC), each
-    decode GPU receives its own share, then rewrites it into its paged layout."""
+    decode GPU receives its own share, then rewrites it into its paged layout.
+    Sliding-window layers send only the window at the end (the decode side's queries
+    read nothing older)."""
     if tokens <= 0:
         return 0.0
-    hw = decode.hardware
-    one_copy = tokens * prefill.placement.kv_bytes_per_token()
+    hw, m = decode.hardware, decode.model
+    if m.sliding_window_layers:  # window layers cost what full ones do per token
+        tokens_kv = tokens + min(tokens, m.sliding_window) * (
+            m.num_sliding_layers / m.num_full_attention_layers)
+    else:
+        tokens_kv = tokens
+    one_copy = tokens_kv * prefill.placement.kv_bytes_per_token()
     send = one_copy / (prefill.layout.gpus_per_replica * prefill.hardware.internode_bandwidth)
-    per_decode_gpu = tokens * decode.placement.kv_bytes_per_token_per_gpu()
+    per_decode_gpu = tokens_kv * decode.placement.kv_bytes_per_token_per_gpu()
     receive = per_decode_gpu / hw.internode_bandwidth
     convert = 2 * per_decode_gpu / hw.hbm_bandwidth  # read the landed shard, write pages
     blocks = -(-tokens // decode.block_size)
@@ -310,9 +317,9 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
     if p.max_model_len > d.max_model_len:
         raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
                           f"decode only {d.max_model_len} (max_model_len)")
-    if p.model.sliding_window_layers:
-        raise ConfigError(f"{where}: {p.model.name} has sliding-window layers, whose window "
-                          f"pages P/D does not transfer yet (full-attention blocks only)")
+    if p.backend == "compute" and p.model.sliding_window_layers:
+        raise ConfigError(f"{where}: {p.model.name} has sliding-window layers, whose pages "
+                          f"the compute plane does not convert between pools yet")
     if p.backend == "compute" and p.model.linear_layers:
         raise ConfigError(f"{where}: {p.model.name} keeps linear-attention state, which the "
                           f"compute plane does not hand over between pools yet")

@@ -115,3 +115,29 @@ def test_incompatible_pairs_are_refused_before_the_run(kwargs, words):
         PDEngine("llama-3.1-8b", hardware="h200", **args)
     for word in words:
         assert word in str(err.value)
+
+
+def test_sliding_window_models_send_the_window_not_the_context():
+    from labkit.engine.events import StepStarted
+
+    engine = PDEngine("gpt-oss-120b", "tp2", "tp2", "h200", 1, 1)
+    p, d = engine.prefill[0], engine.decode[0]
+    window = d.schedulers[0].kv.window
+    spans = []  # blocks of window pages each decode-side request holds, at every step
+    d.events.subscribe(lambda e: spans.extend(t.n - t.first_live
+                                              for t in window.tables.values()), StepStarted)
+    result = engine.replay(small_agentx(4, seed=1), concurrency=4, duration_s=60)
+    assert result.summary["requests_completed"] > 10
+    hw = d.hardware
+    for t in engine.transfers[:20]:
+        n = t["tokens"]
+        kv = (n + min(n, 128)) * p.placement.kv_bytes_per_token()  # 18 + 18 layers
+        send = kv / (2 * hw.internode_bandwidth)
+        convert = 2 * kv / 2 / hw.hbm_bandwidth
+        issue = -(-n // 16) * 18 * 2 * DMA_DESCRIPTOR_S
+        expected = PD_TRANSFER_LATENCY_S + send / PD_LINK_EFFICIENCY + convert + issue
+        assert t["seconds"] == pytest.approx(expected, rel=1e-9)
+    # decode steps compute one token per request: its window is 128 tokens behind it,
+    # 9 or 10 blocks of 16, however long the prompt it received
+    assert len(spans) > 100 and max(spans) <= 10
+    assert max(t["tokens"] for t in engine.transfers) > 50 * 16

@@ -43,10 +43,11 @@ def check_sliding_window(model, layout, config) -> None:
     """What a sliding-window model cannot be combined with (yet), before anything runs.
 
     Token-sharded KV (DCP, PCP) and layer-sharded KV (KVPP) would need per-shard
-    windows; offload tiers and P/D move full-attention blocks only, and a prefix
-    without its window pages is useless. (A session's KV fetched from another DP rank,
+    windows; offload tiers move full-attention blocks only, and a prefix without its
+    window pages is useless. (A session's KV fetched from another DP rank,
     `session_kv_migration="fetch"`, is costed by its full-attention bytes on the sim
-    plane; the compute plane recomputes instead.)
+    plane; the compute plane recomputes instead. P/D sends the window at the end of
+    the prompt, on the sim plane; `check_pd_pair` refuses it on the compute plane.)
     """
     if not model.sliding_window_layers:
         return
