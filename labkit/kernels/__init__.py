@@ -4,7 +4,7 @@ Public functions (all check shapes, dtypes and devices first and raise
 `KernelArgumentError`, a ValueError naming the argument and what was expected):
 
     paged_decode_attention(q[B,Hq,D], k_cache[NB,BS,Hkv,D], v_cache[NB,BS,Hkv,D],
-                           block_table[B,MAXB] int32, seq_lens[B] int32, scale)
+                           block_table[B,MAXB] int32, seq_lens[B] int32, scale, window=0)
         -> out[B,Hq,D], lse[B,Hq]
     mla_paged_decode(q_latent[B,H,Dl+Dr] | [B,Q,H,Dl+Dr], latent_cache[NB,BS,Dl+Dr],
                      block_table, seq_lens, scale, kv_lora_rank=512)
@@ -13,7 +13,8 @@ Public functions (all check shapes, dtypes and devices first and raise
     reshape_and_cache(k[T,Hkv,D], v[T,Hkv,D], k_cache, v_cache, slot_mapping[T] int64)
     reshape_and_cache_latent(latent[T,Dc], latent_cache[NB,BS,Dc], slot_mapping[T])
     paged_prefill_attention(q[T,Hq,D], k_new[T,Hkv,D], v_new[T,Hkv,D], k_cache, v_cache,
-                            block_table[B,MAXB], prefix_lens[B], query_start_loc[B+1], scale)
+                            block_table[B,MAXB], prefix_lens[B], query_start_loc[B+1], scale,
+                            window=0)
         -> out[T,Hq,D], lse[T,Hq]
     sparse_topk_attention(q[T,H,Dl+Dr], latent_cache[NB,BS,Dl+Dr], topk_indices[T,K] int32,
                           block_table[B,MAXB], token_to_req[T] int32, scale, kv_lora_rank=512)
@@ -26,6 +27,9 @@ Conventions shared by all:
 - paged cache: position t of a request is slot t % BS of physical block
   block_table[b, t // BS]; several requests may point at the same physical blocks
   (prefix sharing, forks), and entries past a request's length are never read.
+- sliding window (`window=W` > 0, GQA decode and prefill): a query at position p sees
+  positions p-W+1..p only; table entries of blocks wholly before the first query's
+  window are never read (the KV manager frees those blocks: -1 there is fine).
 - nothing to attend (seq_len 0: an empty DCP shard; all top-k padding) gives out = 0,
   lse = -inf, never NaN; `merge_attn_states` treats such partials as empty.
 - caches may be strided views (e.g. K and V interleaved in one packed buffer) as long as

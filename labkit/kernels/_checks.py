@@ -109,21 +109,32 @@ class Checker:
         if hi > capacity:
             self.fail(f"{name} has {hi} > {capacity} ({capacity_why})")
 
+    def window(self, window) -> int:
+        """A sliding window in tokens; 0 = none (full causal attention)."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            self.fail(f"window must be an int >= 0 (0 = no sliding window), got {window!r}")
+        return window
+
     def paged_lengths(self, lens_name: str, lens: torch.Tensor, table: torch.Tensor,
-                      page: int, num_blocks: int):
-        """Lengths fit in their block-table rows, and the entries they use name blocks."""
+                      page: int, num_blocks: int, first: torch.Tensor | None = None):
+        """Lengths fit in their block-table rows, and the entries they use name blocks
+        (`first`: each row's first position read, when a sliding window skips some)."""
         self.lengths(lens_name, lens, table.shape[1] * page,
                      f"block_table holds {table.shape[1]} blocks of {page} tokens")
-        self.table_entries("block_table", table, lens, page, num_blocks)
+        self.table_entries("block_table", table, lens, page, num_blocks, first)
 
     def table_entries(self, name: str, table: torch.Tensor, lens: torch.Tensor, page: int,
-                      num_blocks: int):
-        """Entries a request uses (its first ceil(len / page)) must name existing blocks;
-        the rest of the row may hold anything."""
+                      num_blocks: int, first: torch.Tensor | None = None):
+        """Entries a request uses (from block first // page, default 0, up to
+        ceil(len / page)) must name existing blocks; the rest of the row may hold
+        anything (blocks that left a sliding window are -1)."""
         if not self.on_cpu or table.numel() == 0:
             return
         needed = (lens.to(torch.int64) + page - 1) // page
-        used = torch.arange(table.shape[1])[None, :] < needed[:, None]
+        cols = torch.arange(table.shape[1])[None, :]
+        used = cols < needed[:, None]
+        if first is not None:
+            used &= cols >= (first.to(torch.int64) // page)[:, None]
         bad = used & ((table < 0) | (table >= num_blocks))
         if bool(bad.any()):
             r, c = (int(i) for i in bad.nonzero()[0])

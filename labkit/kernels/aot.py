@@ -12,6 +12,7 @@ Needs Triton *compiled* mode: run it in a process without TRITON_INTERPRET=1
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -103,7 +104,8 @@ def launches(cases=None) -> list:
 
 def default_cases(dtypes=("bf16", "fp16", "fp32")) -> list:
     """Production-like shapes per dtype: GQA decode (D 64/128, groups 1/4/8/32), MLA
-    decode (16 and 128 heads, Q 1 and 4), merge, caches, prefill, sparse; plus edge
+    decode (16 and 128 heads, Q 1 and 4), merge, caches, prefill (with and without a
+    sliding window), sparse; plus edge
     shapes (tiny head dims of the tiny-* models, a latent without rope dims, merges of 1,
     3 and 256 partials)."""
     i32 = torch.int32
@@ -136,12 +138,13 @@ def default_cases(dtypes=("bf16", "fp16", "fp32")) -> list:
             ti.reshape_and_cache(torch.empty(3, 1, 576, dtype=dt), None,
                                  torch.empty(4, 16, 1, 576, dtype=dt), None,
                                  torch.empty(3, dtype=torch.int64))
-            for hq, hkv, d in ((32, 8, 128), (4, 4, 64), (4, 2, 16)):
+            for (hq, hkv, d), window in itertools.product(
+                    ((32, 8, 128), (4, 4, 64), (4, 2, 16)), (0, 128)):
                 ti.paged_prefill_attention(
                     torch.empty(5, hq, d, dtype=dt), torch.empty(5, hkv, d, dtype=dt),
                     torch.empty(5, hkv, d, dtype=dt), torch.empty(4, 16, hkv, d, dtype=dt),
                     torch.empty(4, 16, hkv, d, dtype=dt), torch.empty(2, 4, dtype=i32),
-                    torch.empty(2, dtype=i32), torch.empty(3, dtype=i32), 0.1)
+                    torch.empty(2, dtype=i32), torch.empty(3, dtype=i32), 0.1, window=window)
             for h, dl, dr in ((16, 512, 64), (128, 512, 64), (4, 32, 0), (4, 32, 8)):
                 ti.sparse_topk_attention(
                     torch.empty(3, h, dl + dr, dtype=dt), torch.empty(4, 64, dl + dr, dtype=dt),
@@ -167,11 +170,12 @@ def representative_cases() -> list:
                              torch.empty(4, 16, 8, 128, dtype=bf),
                              torch.empty(4, 16, 8, 128, dtype=bf),
                              torch.empty(3, dtype=torch.int64))
-        ti.paged_prefill_attention(
-            torch.empty(5, 32, 128, dtype=bf), torch.empty(5, 8, 128, dtype=bf),
-            torch.empty(5, 8, 128, dtype=bf), torch.empty(4, 16, 8, 128, dtype=bf),
-            torch.empty(4, 16, 8, 128, dtype=bf), torch.empty(2, 4, dtype=i32),
-            torch.empty(2, dtype=i32), torch.empty(3, dtype=i32), 0.1)
+        for window in (0, 128):  # the sliding-window variant is its own compilation
+            ti.paged_prefill_attention(
+                torch.empty(5, 32, 128, dtype=bf), torch.empty(5, 8, 128, dtype=bf),
+                torch.empty(5, 8, 128, dtype=bf), torch.empty(4, 16, 8, 128, dtype=bf),
+                torch.empty(4, 16, 8, 128, dtype=bf), torch.empty(2, 4, dtype=i32),
+                torch.empty(2, dtype=i32), torch.empty(3, dtype=i32), 0.1, window=window)
         ti.sparse_topk_attention(
             torch.empty(3, 16, 576, dtype=bf), torch.empty(4, 64, 576, dtype=bf),
             torch.empty(3, 2048, dtype=i32), torch.empty(2, 4, dtype=i32),

@@ -19,14 +19,26 @@ def _triton(x: torch.Tensor):
     return triton_module(interpret=x.device.type != "cuda")
 
 
+def _first_read(first_query_pos: torch.Tensor, window: int) -> torch.Tensor | None:
+    """Per request, the first cached position a sliding window lets its first query
+    read (None without a window: position 0)."""
+    return reference.window_start(first_query_pos, window) if window else None
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
-                           max_seq_len: int | None = None, num_splits: int | None = None):
+                           window: int = 0, max_seq_len: int | None = None,
+                           num_splits: int | None = None):
     """One query token per request against its paged K/V (GQA / MHA / MQA).
 
     q[B, Hq, D]; k_cache, v_cache[NB, BS, Hkv, D] (Hq % Hkv == 0; query head h reads KV
     head h // (Hq // Hkv)); block_table[B, MAXB] int32 (entries past a request's length
     are never read); seq_lens[B] int32 (0 = nothing to attend: an empty DCP shard);
     scale: softmax scale (usually D ** -0.5).
+
+    `window` > 0 is a sliding window: the query, at position seq_len - 1, attends only
+    positions seq_len - window .. seq_len - 1 (clamped at 0), and table entries of
+    blocks wholly before that are never read (they may be -1: blocks the KV manager
+    freed). Positions are the table's own, so a window needs an unsharded cache (no DCP).
 
     Returns out[B, Hq, D] in q's dtype and lse[B, Hq] float32, the natural-log
     log-sum-exp of the scaled scores; a request with seq_len 0 gets out 0, lse -inf.
@@ -52,12 +64,15 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
         c.fail(f"q's {Hq} heads must be a multiple of k_cache's {Hkv} KV heads (GQA)")
     c.dim("block_table", block_table, 0, "batch", B, "q's batch")
     c.dim("seq_lens", seq_lens, 0, "batch", B, "q's batch")
-    c.paged_lengths("seq_lens", seq_lens, block_table, BS, NB)
+    window = c.window(window)
+    c.paged_lengths("seq_lens", seq_lens, block_table, BS, NB,
+                    _first_read(seq_lens - 1, window) if c.on_cpu else None)
     if choose("paged_decode_attention", q.device) == "triton":
         return _triton(q).paged_decode_attention(
-            q, k_cache, v_cache, block_table, seq_lens, scale,
+            q, k_cache, v_cache, block_table, seq_lens, scale, window=window,
             max_seq_len=max_seq_len, num_splits=num_splits)
-    return reference.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return reference.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale,
+                                            window)
 
 
 def mla_paged_decode(q_latent, latent_cache, block_table, seq_lens, scale,
@@ -190,7 +205,8 @@ def reshape_and_cache_latent(latent, latent_cache, slot_mapping) -> None:
 
 
 def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, prefix_lens,
-                            query_start_loc, scale, *, max_query_len: int | None = None):
+                            query_start_loc, scale, *, window: int = 0,
+                            max_query_len: int | None = None):
     """Variable-length prefill (or chunked-prefill / multi-token step) over a paged prefix.
 
     Request b's new tokens are rows query_start_loc[b]:query_start_loc[b+1] of
@@ -201,6 +217,11 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
     new tokens up to and including itself (causal).
     block_table[B, MAXB], prefix_lens[B], query_start_loc[B + 1] int32 with
     query_start_loc[0] = 0 and query_start_loc[B] = T.
+
+    `window` > 0 is a sliding window: new token i of request b, at position
+    p = prefix_lens[b] + i, attends only positions p - window + 1 .. p (cached or new);
+    table entries of blocks wholly before prefix_lens[b] - window + 1 (the first
+    token's window) are never read and may be -1.
 
     Returns out[T, Hq, D] in q's dtype and lse[T, Hq] float32 (natural log), so a
     result can be merged with others (merge_attn_states): e.g. prefix_lens all 0 gives
@@ -233,7 +254,9 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
     B = block_table.shape[0]
     c.dim("prefix_lens", prefix_lens, 0, "batch", B, "block_table's rows")
     c.dim("query_start_loc", query_start_loc, 0, "batch + 1", B + 1, "block_table's rows + 1")
-    c.paged_lengths("prefix_lens", prefix_lens, block_table, BS, NB)
+    window = c.window(window)
+    c.paged_lengths("prefix_lens", prefix_lens, block_table, BS, NB,
+                    _first_read(prefix_lens, window) if c.on_cpu else None)
     if c.on_cpu:
         qsl = query_start_loc.tolist()
         if qsl[0] != 0 or qsl[-1] != T or any(a > b for a, b in zip(qsl, qsl[1:])):
@@ -246,9 +269,9 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
     if choose("paged_prefill_attention", q.device) == "triton":
         return _triton(q).paged_prefill_attention(
             q, k_new, v_new, k_cache, v_cache, block_table, prefix_lens, query_start_loc,
-            scale, max_query_len=max_query_len)
+            scale, window=window, max_query_len=max_query_len)
     return reference.paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table,
-                                             prefix_lens, query_start_loc, scale)
+                                             prefix_lens, query_start_loc, scale, window)
 
 
 def sparse_topk_attention(q, latent_cache, topk_indices, block_table, token_to_req, scale,

@@ -3,7 +3,8 @@
 Plain, vectorised torch (the gathers are batched; only the variable-length prefill
 loops over requests). They compute in float32 whatever the input dtype, return
 outputs in the query's dtype and log-sum-exps in float32, and never read a block-table
-entry beyond a request's length (such entries may hold garbage).
+entry beyond a request's length, nor one wholly before a sliding window (such entries
+may hold garbage, or -1).
 
 These functions take already-validated arguments: call them through the public
 functions of `labkit.kernels`, which check shapes, dtypes and devices and dispatch.
@@ -17,26 +18,39 @@ import torch
 NEG_INF = float("-inf")
 
 
-def _paged_slots(block_table: torch.Tensor, lens: torch.Tensor, length: int, block_size: int):
+def window_start(query_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """First position a query at `query_pos` sees through a sliding window of `window`
+    tokens (itself included); 0 when window is 0 (no window)."""
+    first = query_pos.to(torch.int64) - window + 1
+    return first.clamp_min(0) if window else torch.zeros_like(first)
+
+
+def _paged_slots(block_table: torch.Tensor, lens: torch.Tensor, length: int, block_size: int,
+                 first: torch.Tensor | None = None):
     """Physical slots (block * block_size + offset) of positions 0..length-1 of each row.
 
-    Returns (slots[R, length] int64, valid[R, length] bool); slots of invalid positions
-    (>= the row's length) are 0, so garbage in the table beyond a row's length is never
-    used as an index.
+    Returns (slots[R, length] int64, valid[R, length] bool); a position is valid from
+    the row's `first` (default 0) up to its length. Slots of invalid positions are 0, so
+    garbage (or -1) in the table outside that range is never used as an index.
     """
     rows, width = block_table.shape
     pos = torch.arange(length, device=block_table.device)
     valid = pos[None, :] < lens.to(torch.int64)[:, None]
+    if first is not None:
+        valid &= pos[None, :] >= first[:, None]
     logical = (pos // block_size).clamp_max(max(width - 1, 0)).expand(rows, length)
     blocks = torch.gather(block_table.to(torch.int64), 1, logical)
     slots = torch.where(valid, blocks * block_size + pos % block_size, 0)
     return slots, valid
 
 
-def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """cache[NB, BS, ...] indexed by physical slots -> [*slots.shape, ...] (works on views)."""
+def _gather(cache: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """cache[NB, BS, ...] indexed by physical slots -> [*slots.shape, ...] in float32
+    (works on views). Invalid entries are 0, whatever slot 0 holds: a masked score has
+    p = 0, and 0 * NaN (stale or never-written memory) would still poison P @ V."""
     bs = cache.shape[1]
-    return cache[slots // bs, slots % bs]
+    x = cache[slots // bs, slots % bs].float()
+    return x.masked_fill(~valid.reshape(valid.shape + (1,) * (x.dim() - valid.dim())), 0.0)
 
 
 def _softmax_lse(scores: torch.Tensor, visible: torch.Tensor):
@@ -48,7 +62,7 @@ def _softmax_lse(scores: torch.Tensor, visible: torch.Tensor):
     return p, lse
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale):
+def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, window=0):
     B, Hq, D = q.shape
     _, BS, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -57,9 +71,10 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale):
     length = int(seq_lens.max()) if B else 0
     if length == 0:
         return out, lse
-    slots, valid = _paged_slots(block_table, seq_lens, length, BS)
-    k = _gather(k_cache, slots).float()  # [B, L, Hkv, D]
-    v = _gather(v_cache, slots).float()
+    slots, valid = _paged_slots(block_table, seq_lens, length, BS,
+                                window_start(seq_lens - 1, window))
+    k = _gather(k_cache, slots, valid)  # [B, L, Hkv, D]
+    v = _gather(v_cache, slots, valid)
     qf = q.float().view(B, Hkv, G, D)
     scores = torch.einsum("bhgd,blhd->bhgl", qf, k) * scale
     p, lse = _softmax_lse(scores, valid[:, None, None, :])
@@ -77,7 +92,7 @@ def mla_paged_decode(q_latent, latent_cache, block_table, seq_lens, scale, kv_lo
     if length == 0:
         return out, lse
     slots, valid = _paged_slots(block_table, seq_lens, length, BS)
-    c = _gather(latent_cache, slots).float()  # [B, L, Dc]
+    c = _gather(latent_cache, slots, valid)  # [B, L, Dc]
     scores = torch.einsum("bqhc,blc->bqhl", q_latent.float(), c) * scale
     # query token j of a request sits at position seq_len - Q + j and sees keys <= it
     pos = torch.arange(length, device=q_latent.device)
@@ -112,7 +127,7 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping):
 
 
 def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, prefix_lens,
-                            query_start_loc, scale):
+                            query_start_loc, scale, window=0):
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -125,14 +140,18 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
         n = e - s
         if n == 0:
             continue
-        slots, _ = _paged_slots(block_table[b:b + 1], prefix_lens[b:b + 1], P, BS)
-        k = torch.cat([_gather(k_cache, slots[0]), k_new[s:e]]).float()  # [P+n, Hkv, D]
-        v = torch.cat([_gather(v_cache, slots[0]), v_new[s:e]]).float()
+        # (cached positions before the first token's window are not read at all)
+        slots, cached = _paged_slots(block_table[b:b + 1], prefix_lens[b:b + 1], P, BS,
+                                     window_start(prefix_lens[b:b + 1], window))
+        k = torch.cat([_gather(k_cache, slots[0], cached[0]), k_new[s:e].float()])
+        v = torch.cat([_gather(v_cache, slots[0], cached[0]), v_new[s:e].float()])
         qf = q[s:e].float().view(n, Hkv, G, D)
         scores = torch.einsum("ihgd,jhd->hgij", qf, k) * scale  # [Hkv, G, n, P+n]
         i = torch.arange(n, device=q.device)[:, None]
         j = torch.arange(P + n, device=q.device)[None, :]
         visible = j < P + i + 1  # the whole prefix, then the new tokens causally
+        if window:  # ... and only the last `window` positions
+            visible &= j > P + i - window
         p, part_lse = _softmax_lse(scores, visible)
         o = torch.einsum("hgij,jhd->ihgd", p, v)
         out[s:e] = o.reshape(n, Hq, D).to(q.dtype)
@@ -151,7 +170,7 @@ def sparse_topk_attention(q, latent_cache, topk_indices, block_table, token_to_r
     rows = token_to_req.to(torch.int64)[:, None].expand_as(pos)
     blocks = block_table.to(torch.int64)[rows, logical]
     slots = torch.where(valid, blocks * BS + pos % BS, 0)
-    c = _gather(latent_cache, slots).float()  # [T, K, Dc]
+    c = _gather(latent_cache, slots, valid)  # [T, K, Dc]
     scores = torch.einsum("thc,tkc->thk", q.float(), c) * scale
     p, lse = _softmax_lse(scores, valid[:, None, :])
     o = torch.einsum("thk,tkc->thc", p, c[..., :kv_lora_rank])

@@ -20,6 +20,9 @@ Shared conventions:
 - paged reads gather per token: position t of request b lives in physical block
   block_table[b, t // BLOCK_SIZE] at offset t % BLOCK_SIZE, so any page size works and
   table entries beyond a request's length are never read;
+- sliding windows (`window` > 0, GQA decode and prefill): the KV loops start at the
+  window's first position instead of 0, so blocks that left the window are never
+  loaded (their table entries may be -1); a partial first tile is masked per row;
 - address arithmetic in int64 (a 128K x 256 cache has more than 2^31 elements);
 - caches may be strided views (e.g. K and V interleaved in one packed buffer); only
   their last dimension must be contiguous.
@@ -106,7 +109,7 @@ def _finish(m_i, l_i, acc):
 @triton.jit
 def _gqa_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, sl_ptr, o_ptr, lse_ptr,
-    scale_log2, chunk,
+    scale_log2, chunk, window,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -118,12 +121,15 @@ def _gqa_decode_kernel(
     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Program (request b, KV head, split): the G query heads sharing that KV head are the
-    rows of one [BLOCK_G, D] tile (GQA packing: each K/V tile is read once for the group)."""
+    rows of one [BLOCK_G, D] tile (GQA packing: each K/V tile is read once for the group).
+    A sliding window (window > 0) moves the chunks' origin to the window's first
+    position: nothing before it is loaded, table entries included."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(sl_ptr + b)
-    start = split * chunk
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    start = lo + split * chunk
     # the last chunk runs to the end, so a too-small max_seq_len hint costs speed, not
     # correctness
     end = tl.where(split == tl.num_programs(2) - 1, seq_len, tl.minimum(start + chunk, seq_len))
@@ -311,7 +317,7 @@ def _cache_kernel(
 @triton.jit
 def _prefill_kernel(
     q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, bt_ptr, pl_ptr, qsl_ptr, o_ptr, lse_ptr,
-    scale_log2,
+    scale_log2, window,
     stride_qt, stride_qh,
     stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_kcb, stride_kcs, stride_kch,
@@ -320,11 +326,14 @@ def _prefill_kernel(
     stride_ot, stride_oh, stride_lt,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Program (request b, query tile, query head): BLOCK_M of b's new tokens attend
     (1) b's whole cached prefix through the block table, then (2) b's new tokens up to the
-    tile's last row, causally. Tiles past the request's end do nothing."""
+    tile's last row, causally. Tiles past the request's end do nothing.
+    WINDOWED (a sliding window of `window` tokens): both loops start at the tile's first
+    row's window start, so earlier blocks are never loaded (nor their table entries), and
+    the partial tiles are masked per row (row r sees positions > its own - window)."""
     b = tl.program_id(0)
     mt = tl.program_id(1)
     h = tl.program_id(2)
@@ -351,8 +360,12 @@ def _prefill_kernel(
     kc_head = kvh.to(tl.int64) * stride_kch
     vc_head = kvh.to(tl.int64) * stride_vch
 
-    # (1) the cached prefix: every position is visible to every new token
-    for n0 in range(0, prefix, BLOCK_N):
+    # (1) the cached prefix: every position is visible to every new token (unless
+    # windowed: new row r, at position prefix + r, sees positions > prefix + r - window)
+    p_lo = 0
+    if WINDOWED:
+        p_lo = tl.maximum(prefix + m0 - window + 1, 0)
+    for n0 in range(p_lo, prefix, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < prefix
         blk = tl.load(bt_ptr + b.to(tl.int64) * stride_btb + pos // PAGE, mask=n_mask,
@@ -362,7 +375,10 @@ def _prefill_kernel(
         k = tl.load(kc_ptr + (blk * stride_kcb + off * stride_kcs + kc_head)[:, None]
                     + offs_d[None, :], mask=kv_mask, other=0.0)
         s = _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale_log2
-        s = tl.where(n_mask[None, :], s, float("-inf"))
+        seen = n_mask[None, :]
+        if WINDOWED:
+            seen = seen & (pos[None, :] > prefix + rows[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
         v = tl.load(vc_ptr + (blk * stride_vcb + off * stride_vcs + vc_head)[:, None]
                     + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -371,7 +387,10 @@ def _prefill_kernel(
     # (2) the new tokens, causally (new token i sees new tokens 0..i)
     kn_head = kvh.to(tl.int64) * stride_knh
     vn_head = kvh.to(tl.int64) * stride_vnh
-    for n0 in range(0, new_hi, BLOCK_N):
+    n_lo = 0
+    if WINDOWED:
+        n_lo = tl.maximum(m0 - window + 1, 0)
+    for n0 in range(n_lo, new_hi, BLOCK_N):
         cols = n0 + offs_n
         n_mask = cols < new_hi
         t_cols = (q_start + cols).to(tl.int64)
@@ -379,7 +398,10 @@ def _prefill_kernel(
         k = tl.load(kn_ptr + (t_cols * stride_knt + kn_head)[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale_log2
-        s = tl.where(n_mask[None, :] & (cols[None, :] <= rows[:, None]), s, float("-inf"))
+        seen = n_mask[None, :] & (cols[None, :] <= rows[:, None])
+        if WINDOWED:
+            seen = seen & (cols[None, :] > rows[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
         v = tl.load(vn_ptr + (t_cols * stride_vnt + vn_head)[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -505,7 +527,7 @@ def merge_attn_states(outs, lses):
     return out, lse
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
+def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *, window=0,
                            max_seq_len=None, num_splits=None):
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
@@ -515,6 +537,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
     block_n = 16 if fp32 else 64
     block_g = _p2(G)
     bound = max_seq_len if max_seq_len is not None else block_table.shape[1] * PAGE
+    if window:  # the chunks split the window, not the whole context
+        bound = min(bound, window)
     splits = _num_splits(B * Hkv, bound, block_n, q.device, num_splits)
     chunk = triton.cdiv(triton.cdiv(max(bound, 1), splits), block_n) * block_n
     out = torch.empty_like(q)
@@ -528,7 +552,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, *,
         part_lse = torch.empty((splits, B, Hq), dtype=torch.float32, device=q.device)
     _gqa_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, block_table, seq_lens, parts, part_lse,
-        scale * LOG2E, chunk,
+        scale * LOG2E, chunk, window,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -607,7 +631,7 @@ def reshape_and_cache(k, v, k_cache, v_cache, slot_mapping):
 
 
 def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, prefix_lens,
-                            query_start_loc, scale, *, max_query_len=None):
+                            query_start_loc, scale, *, window=0, max_query_len=None):
     T, Hq, D = q.shape
     PAGE, Hkv = k_cache.shape[1], k_cache.shape[2]
     B = prefix_lens.shape[0]
@@ -622,7 +646,7 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
     max_q = T if max_query_len is None else max(1, min(int(max_query_len), T))
     _prefill_kernel[(B, triton.cdiv(max_q, block_m), Hq)](
         q, k_new, v_new, k_cache, v_cache, block_table, prefix_lens, query_start_loc, out, lse,
-        scale * LOG2E,
+        scale * LOG2E, window,
         q.stride(0), q.stride(1),
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -630,7 +654,7 @@ def paged_prefill_attention(q, k_new, v_new, k_cache, v_cache, block_table, pref
         block_table.stride(0),
         out.stride(0), out.stride(1), lse.stride(0),
         G=Hq // Hkv, HEAD_DIM=D, PAGE=PAGE, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_p2(D),
-        **_dot_args(q.dtype), num_warps=8 if fp32 else 4, num_stages=2,
+        WINDOWED=window > 0, **_dot_args(q.dtype), num_warps=8 if fp32 else 4, num_stages=2,
     )
     return out, lse
 

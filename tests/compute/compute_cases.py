@@ -63,20 +63,42 @@ def run_to_end(eng: Engine) -> Engine:
     return eng
 
 
-def agentic_trace():
-    """4 sessions with subagent forks; long outputs so a small pool preempts."""
+def agentic_trace(sessions: int = 4):
+    """`sessions` sessions with subagent forks; long outputs so a small pool preempts."""
     knobs = dict(TINY_AGENTX, output_median=40.0, output_max=80, context_window_tokens=400,
                  compact_threshold_tokens=280)
-    return generate_agentx_trace(4, seed=3, block_size=16, **knobs)
+    return generate_agentx_trace(sessions, seed=3, block_size=16, **knobs)
 
 
-def replay_agentic(model: str, layout: str, **knobs) -> tuple[Engine, dict]:
+def replay_agentic(model: str, layout: str, setup=None, sessions: int = 4,
+                   **knobs) -> tuple[Engine, dict]:
+    """The agentic trace on a small pool; `setup(engine)` runs before the replay."""
     knobs.setdefault("num_gpu_blocks_override", 30)
     eng = compute_engine(model, layout, **knobs)
     counts = count_events(eng)
-    eng.replay(agentic_trace(), concurrency=4, loop_trace=False, max_idle_s=1.0,
+    if setup is not None:
+        setup(eng)
+    eng.replay(agentic_trace(sessions), concurrency=4, loop_trace=False, max_idle_s=1.0,
                start_part_way=False)
     return eng, counts
+
+
+def assert_greedy(model: str, eng: Engine) -> int:
+    """Each finished request generated what greedy decoding of its prompt gives: one
+    whole-sequence recomputation per request, teacher-forced on its own output, has
+    every next token as its argmax. Returns how many requests were checked."""
+    spec = get_model(model)
+    weights = init_weights(spec, eng.config.seed)
+    checked = 0
+    for r in eng.requests.values():
+        if r.finish_s is None:
+            continue
+        stream = r.token_ids
+        best = reference_logits(spec, weights, torch.tensor(stream[:-1])).argmax(-1)
+        n = r.num_prompt_tokens
+        assert best[n - 1:].tolist() == r.output_token_ids, r.request_id
+        checked += 1
+    return checked
 
 
 def outputs(eng: Engine) -> dict[str, list[int]]:

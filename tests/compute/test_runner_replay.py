@@ -12,10 +12,8 @@ the same tokens as the single device.
 from __future__ import annotations
 
 import pytest
-import torch
-from compute_cases import outputs, replay_agentic
+from compute_cases import assert_greedy, outputs, replay_agentic
 
-from labkit.engine.compute.models import init_weights, reference_logits
 from labkit.specs import get_model
 
 LAYOUTS = [  # one of each kind of layout, spread over the families
@@ -31,21 +29,6 @@ def single_device(model: str):
     if model not in _single:
         _single[model] = replay_agentic(model, "tp1", num_speculative_tokens=2)
     return _single[model]
-
-
-def assert_greedy(model: str, eng) -> int:
-    spec = get_model(model)
-    weights = init_weights(spec, eng.config.seed)
-    checked = 0
-    for r in eng.requests.values():
-        if r.finish_s is None:
-            continue
-        stream = r.token_ids
-        best = reference_logits(spec, weights, torch.tensor(stream[:-1])).argmax(-1)
-        n = r.num_prompt_tokens
-        assert best[n - 1:].tolist() == r.output_token_ids, r.request_id
-        checked += 1
-    return checked
 
 
 @pytest.mark.parametrize("model", sorted({m for m, _ in LAYOUTS}))

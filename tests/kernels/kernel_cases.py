@@ -132,3 +132,37 @@ def assert_lse(actual, expected, what="", atol=1e-4):
     """LSEs are float32 from float32 scores: tight, whatever the input dtype."""
     torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), atol=atol,
                                rtol=1e-5, msg=lambda m: f"{what} lse: {m}")
+
+
+# ------------------------------------------------------------------ sliding windows
+
+
+def poison_before(caches, table, first, block_size, mode):
+    """Make every cached position before `first[b]` (request b's first visible one)
+    unreadable: a kernel that reads any of them gets NaN (or an invalid block id).
+
+    Whole blocks before the window get table entry -1 (mode "minus1", as the KV manager
+    leaves freed sliding-window blocks) or point at an all-NaN block (mode "nan_block");
+    the stale positions of the window's first, partial block are set to NaN in place.
+    Every other position stays as written. Returns the modified table (a copy).
+    """
+    table = table.clone()
+    used = {int(x) for b, f in enumerate(first) for x in table[b, f // block_size:]}
+    spare = next(i for i in range(caches[0].shape[0]) if i not in used)
+    for cache in caches:
+        cache[spare] = float("nan")
+    for b, f in enumerate(first):
+        whole = f // block_size
+        table[b, :whole] = -1 if mode == "minus1" else spare
+        for cache in caches:
+            if f % block_size:
+                cache[int(table[b, whole]), : f % block_size] = float("nan")
+    return table
+
+
+def window_visible(n, prefix, window):
+    """[n, prefix + n] bool: new token i (position prefix + i) sees positions
+    prefix + i - window < j <= prefix + i."""
+    i = torch.arange(n)[:, None] + prefix
+    j = torch.arange(prefix + n)[None, :]
+    return (j <= i) & (j > i - window)

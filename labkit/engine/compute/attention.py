@@ -20,6 +20,11 @@ for each family:
    MLA prefills instead gather their whole context latent (all-gathered from the DCP
    shards) and run the naive, up-projected form — absorbed decode, naive prefill, as
    DeepSeek serves it.
+
+Sliding-window layers (gpt-oss; GQA, never with DCP) differ in two places only: their
+KV goes to and is read from the pages of the request's *window table* (`step_batch`),
+and the kernels get `window=spec.sliding_window`, so they neither attend nor read
+anything before a query's window — whose blocks the KV manager has already freed.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from labkit.engine.compute.models.dsa import (
     dsa_select, indexer_k, indexer_q, indexer_scores, indexer_weights)
 from labkit.engine.compute.models.family import family_config
-from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale
+from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale, layer_window
 from labkit.engine.compute.models.kda import kda_attention
 from labkit.engine.compute.models.layers import causal_mask
 from labkit.engine.compute.models.mla import (
@@ -60,37 +65,38 @@ def gqa_attention(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
     pos = batch.tensor(rs.positions)
     q, k, v = gqa_qkv(x, w, spec.head_dim, pos, cfg.rope_theta, cfg.rms_norm_eps)
     k_all, v_all = rs.all_tokens(k), rs.all_tokens(v)
-    kv.write_kv(layer, k_all, v_all, rs.slots_all)
+    kv.write_kv(layer, k_all, v_all, rs.slots(layer))
     kc, vc = kv.layers[layer]["k"], kv.layers[layer]["v"]
-    scale = gqa_scale(spec.head_dim)
+    scale, window = gqa_scale(spec.head_dim), layer_window(spec, layer)
     if batch.pcp == 1 and kv.dcp == 1:
-        out = _gqa_local(rs, q, k, v, kc, vc, scale)
-    else:
+        out = _gqa_local(rs, q, k, v, kc, vc, scale, window)
+    else:  # (a window here means PCP without DCP: local positions are the table's)
         def partial(q_rows, rows):
-            tables, lens = _row_tables(rs, rows)
-            return paged_decode_attention(q_rows, kc, vc, tables, lens, scale)
+            tables, lens = _row_tables(rs, rows, sliding=window > 0)
+            return paged_decode_attention(q_rows, kc, vc, tables, lens, scale, window=window)
         out = _rows_attention(rs, q, partial)
     return gqa_output(out, w)
 
 
-def _gqa_local(rs: RankStep, q, k, v, kc, vc, scale) -> Tensor:
+def _gqa_local(rs: RankStep, q, k, v, kc, vc, scale, window: int) -> Tensor:
     batch = rs.batch
     entries = batch.entries
-    table = batch.tensor(batch.block_table, torch.int32)
+    table = batch.tensor(batch.table(sliding=window > 0), torch.int32)
     if all(e.num_new == 1 for e in entries):
         lens = batch.tensor([e.context + 1 for e in entries], torch.int32)
-        return paged_decode_attention(q, kc, vc, table, lens, scale)[0]
+        return paged_decode_attention(q, kc, vc, table, lens, scale, window=window)[0]
     prefix = batch.tensor([e.context for e in entries], torch.int32)
     starts = batch.tensor(batch.query_start, torch.int32)
-    return paged_prefill_attention(q, k, v, kc, vc, table, prefix, starts, scale)[0]
+    return paged_prefill_attention(q, k, v, kc, vc, table, prefix, starts, scale,
+                                   window=window)[0]
 
 
 # ---------------------------------------------------------------- row route
-def _row_tables(rs: RankStep, rows: np.ndarray) -> tuple[Tensor, Tensor]:
+def _row_tables(rs: RankStep, rows: np.ndarray, sliding: bool = False) -> tuple[Tensor, Tensor]:
     """Block table and local length (owned positions <= the row's) of each row."""
     batch = rs.batch
     lens = rs.kv.local_len(batch.positions[rows] + 1)
-    return (batch.tensor(batch.tables_of(rows), torch.int32),
+    return (batch.tensor(batch.tables_of(rows, sliding), torch.int32),
             batch.tensor(lens, torch.int32))
 
 
@@ -122,12 +128,12 @@ def mla_attention(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
     pos = batch.tensor(rs.positions)
     q_nope, q_pe, qr = mla_q(x, w, spec, pos, cfg.rope_theta, cfg.rms_norm_eps)
     latent = mla_latent(x, w, spec, pos, cfg.rope_theta, cfg.rms_norm_eps)
-    kv.write(layer, "latent", rs.all_tokens(latent), rs.slots_all)
+    kv.write(layer, "latent", rs.all_tokens(latent), rs.slots(layer))
     kv_b = w["self_attn.kv_b_proj.weight"]
     selected = None
     if spec.has_indexer:
         ik = indexer_k(x, w, spec, pos, cfg.rope_theta)
-        kv.write(layer, "index_k", rs.all_tokens(ik), rs.slots_all)
+        kv.write(layer, "index_k", rs.all_tokens(ik), rs.slots(layer))
         selected = _dsa_selection(rs, layer, w, x, qr, pos)
     out = x.new_zeros(x.shape[0], q_nope.shape[1], spec.v_head_dim)
     decode = batch.is_decode_row[rs.rows]

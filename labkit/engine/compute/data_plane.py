@@ -18,6 +18,11 @@ Then, on the host:
 Before a step, copy-on-write pairs the KV manager queued (`req.pending_copies`) are
 applied on every GPU of the replica; a session's KV fetched from another DP rank is
 copied block by block when the scheduler decides to fetch it (`copy_kv`).
+
+Sliding-window models (gpt-oss): a step's entries carry a second block table, the KV
+manager's `window_table` (pages of the sliding layers, -1 once a block left the
+window); the attention of those layers writes and reads through it (`attention`).
+Every layer's paged cache is indexed by the same block ids, one page per logical block.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class ComputeDataPlane:
         self.clock, self.cost_model = clock, cost_model
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv_manager = kv_manager
+        check_window_support(spec, layout)
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
         self.cluster = VirtualCluster(self.mesh.world_size)
@@ -143,9 +149,12 @@ class ComputeDataPlane:
                 new = [stream[ctx]] + ngram_drafts(stream[:ctx + 1], n - 1)
             else:
                 new = stream[ctx:ctx + n]
-            table = self.kv_manager(b.rank).table(req.request_id)
+            kv = self.kv_manager(b.rank)
+            table = kv.table(req.request_id)
+            window = kv.window_table(req.request_id) if kv.window is not None else None
             samples = not decode and ctx + n == req.num_tokens
-            entries.append(Entry(req.request_id, ctx, n, decode, table, samples))
+            entries.append(Entry(req.request_id, ctx, n, decode, table, samples,
+                                 window_table=window))
             token_ids.extend(new)
         return StepBatch(entries, token_ids, self.block_size, self.layout.pcp, self.device)
 
@@ -210,7 +219,9 @@ class ComputeDataPlane:
     def request_kv(self, req, layer: int, gpu: int) -> tuple[np.ndarray, dict]:
         """What GPU `gpu` holds of request `req`'s KV in `layer`: the positions it owns
         (all of them, or its DCP shard) and, per cache tensor, their entries. A
-        finished request's KV is what is still cached of it (whole blocks)."""
+        finished request's KV is what is still cached of it (whole blocks). A
+        sliding-window layer holds only the positions its window table still has pages
+        for (none once the request finished)."""
         place = self.mesh.places[gpu]
         if req.rank != place.dp:
             raise ValueError(f"{req.request_id} runs on DP rank {req.rank}; GPU {gpu} "
@@ -218,10 +229,14 @@ class ComputeDataPlane:
         if layer not in self.ranks[gpu].kv.layers:
             raise ValueError(f"GPU {gpu} holds no paged KV of layer {layer} (its layers: "
                              f"{sorted(self.ranks[gpu].kv.layers)})")
-        kv = self.ranks[gpu].kv
-        table, n = self.kv_manager(place.dp).held_blocks(req)
+        kv, manager = self.ranks[gpu].kv, self.kv_manager(place.dp)
+        table, n = manager.held_blocks(req)
         positions = np.nonzero(kv.owned(np.arange(n)))[0]
-        entries = {name: kv.gather(layer, name, table, len(positions))
+        if self.spec.is_sliding_layer(layer):  # (no DCP: positions are local indices)
+            table = manager.window_table(req.request_id)
+            positions = positions[positions < len(table) * self.block_size]
+            positions = positions[table[positions // self.block_size] >= 0]
+        entries = {name: kv.gather_at(layer, name, table, kv.local_index(positions))
                    for name in kv.layers[layer]}
         return positions, entries
 
@@ -245,6 +260,14 @@ class ComputeDataPlane:
         self.cluster.close()
         if self.tiers is not None:
             self.tiers.close()
+
+
+def check_window_support(spec, layout) -> None:
+    """Sliding-window layers run here as GQA over unsharded positions: no MLA, no DCP."""
+    if spec.sliding_window_layers and (spec.is_mla or layout.dcp > 1):
+        raise ConfigError(f"{spec.name}: the compute plane runs sliding-window layers as "
+                          "GQA without DCP (a DCP shard's positions are not the window's); "
+                          f"got attention={spec.attention!r}, dcp={layout.dcp}")
 
 
 def check_device(device: str) -> torch.device:

@@ -75,8 +75,12 @@ class PagedKV:
     # ------------------------------------------------------------ reading
     def gather(self, layer: int, name: str, table: np.ndarray, n_local: int) -> torch.Tensor:
         """The first `n_local` owned entries of a request (block table `table`)."""
+        return self.gather_at(layer, name, table, np.arange(n_local))
+
+    def gather_at(self, layer: int, name: str, table: np.ndarray,
+                  idx: np.ndarray) -> torch.Tensor:
+        """A request's owned entries at local indices `idx` (block table `table`)."""
         cache = self.layers[layer][name]
-        idx = np.arange(n_local)
         blocks = torch.as_tensor(table[idx // self.local_block_size], dtype=torch.long,
                                  device=cache.device)
         offsets = torch.as_tensor(idx % self.local_block_size, dtype=torch.long,

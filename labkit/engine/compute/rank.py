@@ -3,9 +3,11 @@
 `Rank` is the persistent part — its place in the mesh, its slice of the weights, its
 paged KV, the recurrent state of linear-attention layers — and the handles on the
 groups it talks to. `RankStep` is one step seen from that rank: which of the replica's
-new tokens it computes (its PCP rows), where each new token's KV goes in its shard,
-and the collectives that move per-row tensors between PCP and DCP peers. Model code
-(`rank_model`, `attention`, `moe_parallel`) only ever reads these two objects.
+new tokens it computes (its PCP rows), where each new token's KV goes in its shard
+(per layer: a sliding-window layer writes into its own table's pages, see
+`step_batch`), and the collectives that move per-row tensors between PCP and DCP
+peers. Model code (`rank_model`, `attention`, `moe_parallel`) only ever reads these two
+objects.
 """
 
 from __future__ import annotations
@@ -38,11 +40,8 @@ class RankStep:
         place, mesh = rank.place, rank.mesh
         self.rows = batch.rows(place.pcp_index)
         self.positions = batch.positions[self.rows]
-        all_pos = batch.positions
-        blocks = batch.block_table[batch.entry_of, all_pos // batch.block_size] \
-            if batch.num_tokens else np.zeros(0, np.int64)
-        owned = rank.kv.owned(all_pos)
-        self.slots_all = np.where(owned, rank.kv.slots(all_pos, blocks), -1)
+        self.slots_all = self._slots(batch.block_table)
+        self._window_slots = None  # the sliding-window layers' slots, when first asked
         self._pcp_members = [mesh.places[g].pcp_index for g in place.pcp_group]
         self._dcp_members = [mesh.places[g].pcp_index for g in place.dcp_group]
         if batch.pcp > 1:
@@ -50,9 +49,32 @@ class RankStep:
             self._to_token_order = torch.as_tensor(np.argsort(order, kind="stable"))
         self.dcp_rows = [batch.rows(c) for c in self._dcp_members]
 
+    def _slots(self, table: np.ndarray) -> np.ndarray:
+        """Where each of the replica's new tokens goes in my shard (-1: not mine)."""
+        batch, kv = self.batch, self.kv
+        pos = batch.positions
+        blocks = table[batch.entry_of, pos // batch.block_size] if batch.num_tokens else \
+            np.zeros(0, np.int64)
+        if (blocks < 0).any():  # a negative slot would silently skip the write
+            raise RuntimeError("a new token's block is not held (-1 in its table; a window "
+                               "table's freed block?): the KV manager must hold the blocks "
+                               "a step writes")
+        return np.where(kv.owned(pos), kv.slots(pos, blocks), -1)
+
     @property
     def device(self):
         return self.batch.device
+
+    def sliding(self, layer: int) -> bool:
+        return self.rank.spec.is_sliding_layer(layer)
+
+    def slots(self, layer: int) -> np.ndarray:
+        """Slots of the new tokens' KV in `layer`'s paged cache (its table's pages)."""
+        if not self.sliding(layer):
+            return self.slots_all
+        if self._window_slots is None:
+            self._window_slots = self._slots(self.batch.table(sliding=True))
+        return self._window_slots
 
     # ----------------------------------------------------------- PCP helpers
     def all_tokens(self, per_row: torch.Tensor) -> torch.Tensor:

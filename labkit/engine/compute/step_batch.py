@@ -7,6 +7,11 @@ code reads — the same object for every GPU of the replica, never written to:
 - the new tokens, flattened request by request: `token_ids`, `positions`, `entry_of`;
 - per request (entry): its context before the step, its block table (the KV manager's
   physical block ids, padded with 0), whether it decodes, whether it needs logits;
+- for a model with sliding-window layers, a second table per request: the pages those
+  layers keep each logical block in, -1 where the block has left the window (the KV
+  manager freed it) — `window_table`, padded with -1. Kernels never read entries
+  before a query's window; slot ids are only computed for the step's new tokens, whose
+  blocks are always held;
 - `rows(pcp_index)`: the tokens a PCP rank computes. Each request's new tokens are cut
   into 2·pcp near-equal chunks and rank r takes chunks r and 2·pcp-1-r, so causal
   attention work is balanced (early chunks attend little, late chunks much).
@@ -33,6 +38,7 @@ class Entry:
     table: np.ndarray  # the request's block ids
     samples: bool  # its last row's logits pick a token
     start: int = 0  # first row in the flattened tokens
+    window_table: np.ndarray | None = None  # sliding-window layers' pages (-1: freed)
 
 
 class StepBatch:
@@ -55,11 +61,9 @@ class StepBatch:
         ).astype(np.int64) if entries else np.zeros(0, np.int64)
         self.is_decode_row = np.repeat([e.decode for e in entries], sizes).astype(bool) \
             if entries else np.zeros(0, bool)
-        width = max([len(e.table) for e in entries] + [1])
-        table = np.zeros((len(entries), width), dtype=np.int32)
-        for i, e in enumerate(entries):
-            table[i, : len(e.table)] = e.table
-        self.block_table = table
+        self.block_table = _pad([e.table for e in entries], 0)
+        self.window_table = _pad([e.window_table for e in entries], -1) \
+            if entries and entries[0].window_table is not None else None
         self.logit_rows = np.array(
             [r for e in entries for r in range(e.start, e.start + e.num_new)
              if e.decode or (e.samples and r == e.start + e.num_new - 1)], dtype=np.int64)
@@ -90,6 +94,22 @@ class StepBatch:
     def tensor(self, array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
         return torch.as_tensor(array, dtype=dtype, device=self.device)
 
-    def tables_of(self, rows: np.ndarray) -> np.ndarray:
+    def table(self, sliding: bool = False) -> np.ndarray:
+        """The block-table matrix of full-attention layers, or of sliding-window ones."""
+        if sliding and self.window_table is None:
+            raise ValueError("a sliding-window layer ran, but the batch has no window tables "
+                             "(the KV manager keeps none for this model)")
+        return self.window_table if sliding else self.block_table
+
+    def tables_of(self, rows: np.ndarray, sliding: bool = False) -> np.ndarray:
         """Block table row of each token's request `[len(rows), width]`."""
-        return self.block_table[self.entry_of[rows]]
+        return self.table(sliding)[self.entry_of[rows]]
+
+
+def _pad(tables: list[np.ndarray], fill: int) -> np.ndarray:
+    """One int32 row per table, padded with `fill` to the longest (at least 1 wide)."""
+    width = max([len(t) for t in tables] + [1])
+    out = np.full((len(tables), width), fill, dtype=np.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = t
+    return out

@@ -10,12 +10,19 @@ Values are those of each family's published `config.json`:
 | deepseek_v32  | 10000      | 1e-6    | as deepseek_v3              | 2.5            |
 | kimi_k2       | 50000      | 1e-5    | sigmoid (+bias), renorm     | 2.827          |
 | kimi_linear   | NoPE (MLA) | 1e-5    | sigmoid (+bias), renorm     | 2.446          |
+| gpt_oss       | 150000     | 1e-5    | softmax, top-k renormalised | 1.0            |
 
 Simplifications, on purpose: plain RoPE everywhere (no Llama-3 frequency scaling, no
 YaRN and so no YaRN softmax-scale correction for DeepSeek/Kimi); no group-limited routing
 (DeepSeek-V3's 8 groups / top-4 groups; Kimi-K2 and Kimi-Linear use one group, so theirs
 is exact). Kimi-Linear's MLA layers really use no positional encoding (`mla_use_nope`):
 their rope dims exist but are not rotated.
+
+gpt-oss is simplified further: no attention sinks (the learned per-head logit added to
+every softmax), no biases (attention projections, router and experts carry none here),
+plain SwiGLU experts (no clamp, no `alpha` in the gate's sigmoid, no `+ 1` on up) and
+plain RoPE (no YaRN). Its structure — sliding-window layers alternating with full
+attention, a softmax top-k router — is what labkit keeps.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ FAMILIES: dict[str, FamilyConfig] = {
                             routed_scaling_factor=2.827, router_bias=True),
     "kimi_linear": FamilyConfig(None, 1e-5, router_scoring="sigmoid",
                                 routed_scaling_factor=2.446, router_bias=True),
+    "gpt_oss": FamilyConfig(150000.0, 1e-5),
 }
 
 

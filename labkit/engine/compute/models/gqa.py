@@ -1,8 +1,9 @@
-"""Grouped-query attention projections (Llama, Qwen3-MoE).
+"""Grouped-query attention projections (Llama, Qwen3-MoE, gpt-oss).
 
 A TP rank passes its slice of `q_proj` (whole query heads), of `k_proj`/`v_proj` (the
 KV heads its query heads read) and of `o_proj` (the matching input columns); the
-head counts are read off the slices. Attention itself is `layers.attention`.
+head counts are read off the slices. Attention itself is `layers.attention`; a
+sliding-window layer (gpt-oss) has the same projections and only masks more.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from labkit.engine.compute.models.layers import linear, rms_norm, rope
+from labkit.specs.models import ModelSpec
 
 Tensor = torch.Tensor
 
@@ -40,3 +42,8 @@ def gqa_scale(head_dim: int) -> float:
 def gqa_output(attn_out: Tensor, w: Mapping[str, Tensor]) -> Tensor:
     """`o_proj` of the attention output `[T, Hq, D]` -> `[T, H]` (a TP partial sum)."""
     return linear(attn_out.flatten(1), w["self_attn.o_proj.weight"])
+
+
+def layer_window(spec: ModelSpec, layer: int) -> int:
+    """The sliding window layer `layer` attends through; 0 for full attention."""
+    return spec.sliding_window if spec.is_sliding_layer(layer) else 0

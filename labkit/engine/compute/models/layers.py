@@ -66,9 +66,13 @@ def rope(x: Tensor, positions: Tensor, theta: float | None) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def causal_mask(q_positions: Tensor, k_positions: Tensor) -> Tensor:
-    """`[T, S]` bool, True where key position <= query position (may attend)."""
-    return k_positions[None, :] <= q_positions[:, None]
+def causal_mask(q_positions: Tensor, k_positions: Tensor, window: int = 0) -> Tensor:
+    """`[T, S]` bool, True where key position <= query position (may attend); with a
+    sliding `window` > 0, also key position > query position - window (the query sees
+    itself and the window - 1 positions before it)."""
+    k, q = k_positions[None, :], q_positions[:, None]
+    mask = k <= q
+    return mask & (k > q - window) if window else mask
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float,

@@ -5,7 +5,9 @@ float64 weights, or `dtype=torch.float64`, for a tight reference). Every family 
 pre-norm decoder: `x += attn(rms_norm(x))`, `x += mlp(rms_norm(x))`, then
 `logits = lm_head(rms_norm(x))`. Attention per layer: GQA (llama, qwen3_moe), MLA
 (naive form) with the DSA top-k mask (deepseek_v32), or KDA (kimi_linear's
-`linear_layers`); MLP: dense SwiGLU, or MoE from layer `first_k_dense` on.
+`linear_layers`); gpt_oss's `sliding_window_layers` are GQA whose causal mask also
+hides keys `sliding_window` or more positions back. MLP: dense SwiGLU, or MoE from
+layer `first_k_dense` on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from labkit.engine.compute.models.dsa import (
     dsa_select, indexer_k, indexer_q, indexer_scores, indexer_weights)
 from labkit.engine.compute.models.family import family_config
-from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale
+from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale, layer_window
 from labkit.engine.compute.models.kda import kda_attention
 from labkit.engine.compute.models.layers import attention, causal_mask, linear, rms_norm
 from labkit.engine.compute.models.mla import (
@@ -36,7 +38,7 @@ def attention_block(spec: ModelSpec, w: Mapping[str, Tensor], layer: int, x: Ten
     eps, theta = cfg.rms_norm_eps, cfg.rope_theta
     if spec.is_linear_layer(layer):
         return kda_attention(x, w, spec.linear_head_dim, eps=eps)[0]
-    mask = causal_mask(positions, positions)
+    mask = causal_mask(positions, positions, layer_window(spec, layer))
     if spec.is_mla:
         q_nope, q_pe, qr = mla_q(x, w, spec, positions, theta, eps)
         latent = mla_latent(x, w, spec, positions, theta, eps)
