@@ -24,6 +24,7 @@ released with zero delay.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Callable
@@ -78,9 +79,6 @@ class Engine:
         self.layout.check_model(self.model)
         check_sliding_window(self.model, self.layout, self.config)
         self.backend = backend
-        if backend == "compute" and self.model.linear_layers:
-            # a linear-attention state summarises a whole prefix: no paged reuse
-            self.config.enable_prefix_caching = False
         self.block_size = self.config.block_size or self.model.block_size
         self.max_model_len = self.config.max_model_len or self.model.max_model_len
         self.capacity = kv_capacity(self.model, self.hardware, self.layout, self.config,
@@ -169,7 +167,13 @@ class Engine:
         pages = math.ceil(self.placement.state_bytes_per_gpu() / page)
         for s in self.schedulers:
             s.kv.snapshots = StateSnapshots(s.kv.pool, pages,
-                                            self.config.linear_state_retention)
+                                            self.config.linear_state_retention,
+                                            self.block_size)
+            if self.backend == "compute":  # the states are real tensors: copy them
+                plane = self.data_plane
+                s.kv.snapshots.on_saved = functools.partial(plane.save_linear_state, s.rank)
+                s.kv.snapshots.on_restored = functools.partial(plane.restore_linear_state,
+                                                               s.rank)
 
     def _sliding_windows(self) -> None:
         """Sliding-window layers: a second table per request over the same pool, freed
@@ -204,9 +208,10 @@ class Engine:
         (session_kv_migration="fetch") and the node's offload tiers (cpu_kv_gib)."""
         compute = backend == "compute"
         sources, offload = [], None
-        # the compute plane copies full-attention blocks only: window models recompute
-        window = compute and self.model.sliding_window_layers
-        if self.config.session_kv_migration == "fetch" and not window:
+        # the compute plane copies full-attention blocks only: window and linear-state
+        # models recompute instead
+        partial = compute and (self.model.sliding_window_layers or self.model.linear_layers)
+        if self.config.session_kv_migration == "fetch" and not partial:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
                                        self.data_plane.copy_kv if compute else None))
@@ -218,6 +223,8 @@ class Engine:
             sources.append(offload.offer)
             for s in self.schedulers:
                 s.kv.on_cached = offload.cached
+            if self.model.linear_layers:
+                offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
             if compute:
                 offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
         for s in self.schedulers:

@@ -40,6 +40,8 @@ class Offload:
         `block_table(request)`: its block ids on its rank."""
         self.block_size = block_size
         self.block_table = block_table
+        # hybrid models: rank -> its state snapshots (a loaded prefix must end at one)
+        self.snapshots_of: Callable[[int], object] | None = None
         self.events = events
         self.prefill_seconds = prefill_seconds
         block_bytes = block_size * placement.kv_bytes_per_token()
@@ -90,6 +92,14 @@ class Offload:
             return None
         store = self.store_of(req.rank)
         found, load_s, recompute_s = self._costs(req, store, first, limit)
+        snapshots = self.snapshots_of(req.rank) if self.snapshots_of is not None else None
+        if found and snapshots is not None:  # continue only where a state was saved
+            n = next((j for j in range(len(found), 0, -1)
+                      if snapshots.has(keys.key(first + j - 1))), 0)
+            if n < len(found):
+                found = found[:n]
+                load_s = store.load_seconds(found)
+                recompute_s = self.prefill_seconds(n * bs, first * bs) if n else 0.0
         if not found:
             return None
         tokens = len(found) * bs

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from compute_cases import (
-    REL_TOL, compute_engine, count_events, logits_by_row, max_rel_error, outputs,
+    REL_TOL, assert_greedy, compute_engine, count_events, logits_by_row, max_rel_error, outputs,
     replay_agentic, run_to_end, shared_prefix_prompts, submit_prompts)
 
 from labkit.engine.compute.models import init_weights, reference_greedy
@@ -72,9 +72,35 @@ def test_session_kv_fetched_from_another_dp_rank_is_really_copied():
     assert outputs(fetch) == outputs(recompute)
 
 
-def test_hybrid_models_run_without_prefix_caching():
-    assert not compute_engine("tiny-kimi-linear", "tp1").config.enable_prefix_caching
-    assert Engine(model="tiny-kimi-linear").config.enable_prefix_caching  # sim keeps it
+def test_linear_state_snapshots_are_real_copies():
+    """A hybrid model's snapshot is a copy of the state at a block boundary: a request
+    resuming from it continues exactly as the one that saved it did."""
+    eng = compute_engine("tiny-kimi-linear", "tp1")
+    assert eng.config.enable_prefix_caching
+    prompt = list(range(5, 5 + 40))  # 2 full blocks of 16, then 8 tokens
+    eng.submit_prompt(prompt, 4, request_id="a")
+    run_to_end(eng)
+    rank = eng.data_plane.ranks[0]
+    kv = eng.schedulers[0].kv
+    boundary_key = eng.requests["a"].keys.key(1)  # after 32 tokens: the call-end boundary
+    assert kv.snapshots.has(boundary_key) and boundary_key in rank.snapshots
+    saved = rank.snapshots._store[boundary_key]
+    assert sorted(saved) == [0, 1, 2]  # every linear layer
+    # the same 32 tokens from scratch give the same state
+    fresh = compute_engine("tiny-kimi-linear", "tp1", enable_prefix_caching=False)
+    b = fresh.submit_prompt(prompt[:32], 8, request_id="b")
+    while b.num_computed_tokens < 32:
+        fresh.step()
+    again = fresh.data_plane.ranks[0].linear.marked(0, "b", 32)
+    assert again is not None
+    for x, y in zip(saved[0], again):
+        if x is not None:
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+    # a continuation hits the prefix and resumes from the copy
+    eng.submit_prompt(prompt + [7, 8, 9], 3, request_id="c")
+    run_to_end(eng)
+    assert eng.requests["c"].num_cached_tokens == 32
+    assert assert_greedy("tiny-kimi-linear", eng) == 2
 
 
 def test_checkpoint_weights_replace_the_seeded_ones(tmp_path):

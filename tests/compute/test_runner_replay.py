@@ -2,7 +2,9 @@
 
 A miniature AgentX workload (sessions whose calls re-send their growing context,
 subagents forked from a main agent's context, tool results) replays on a KV pool
-small enough that requests get preempted and recomputed, with speculative decoding.
+small enough that requests get preempted and recomputed, with speculative decoding
+and prefix caching (for the hybrid model: linear-attention state snapshots, restored
+on a hit).
 The single-device run must generate exactly what greedy decoding of each call's
 prompt gives (checked by one whole-sequence recomputation per call: teacher-forced
 on its own output, every next token is the argmax), and every layout must generate
@@ -36,9 +38,13 @@ def test_single_device_replay_is_greedy(model):
     eng, counts = single_device(model)
     assert assert_greedy(model, eng) >= 30
     assert counts["preemptions"] > 0
+    assert sum(r.num_cached_tokens for r in eng.requests.values()) > 0
     if not get_model(model).linear_layers:
         assert counts["forks"] > 0  # subagents adopted their parent's blocks
-        assert sum(r.num_cached_tokens for r in eng.requests.values()) > 0
+    else:  # prefix hits restored a snapshotted state, saved at call ends and forks
+        summary = eng.extra_summary()
+        assert summary["linear_state_hits"] > 0
+        assert summary["linear_state_saved_on_second_sight"] > 0
 
 
 @pytest.mark.parametrize("model,layout", LAYOUTS)

@@ -167,3 +167,20 @@ def test_a_disk_tier_below_a_small_cpu_tier_keeps_what_the_cpu_evicts():
 def test_bad_tier_sizes_are_refused_before_anything_runs(knobs, message):
     with pytest.raises(ConfigError, match=message):
         Engine("llama-3.1-8b", "tp1", "h200", **knobs)
+
+
+def test_a_hybrid_models_loaded_prefix_ends_where_a_state_snapshot_exists():
+    """Kimi-Linear: KV blocks alone do not resume a sequence; a load from the tiers is
+    cut back to the last block boundary whose linear-state snapshot is on the GPU, and
+    the call resumes from that snapshot."""
+    engine = Engine("kimi-linear-48b-a3b", "tp1", "h200", num_gpu_blocks_override=600,
+                    cpu_kv_gib=64)
+    snapshots = engine.schedulers[0].kv.snapshots
+    resumed, loads = set(), []
+    snapshots.on_restored = lambda key, rid, position: resumed.add((rid, position))
+    engine.events.subscribe(
+        lambda e: loads.append((e.request_id, engine.requests[e.request_id].num_computed_tokens)),
+        KVLoaded)
+    engine.replay(small_agentx(8), concurrency=8, duration_s=120)
+    assert len(loads) > 5
+    assert set(loads) <= resumed  # each load ends where a snapshot was taken

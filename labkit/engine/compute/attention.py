@@ -237,9 +237,13 @@ def linear_attention(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
                 states.put(layer, e.request_id, e.context + t + 1, state)
                 parts.append(o)
             outs.append(torch.cat(parts))
-        else:
-            o, state = kda_attention(xe, w, spec.linear_head_dim, state, eps)
-            states.put(layer, e.request_id, e.context + e.num_new, state)
-            outs.append(o)
+        else:  # cut at the marks, so the state there is kept (linear_state.py)
+            parts, start = [], 0
+            for stop in [m - e.context for m in e.state_marks] + [e.num_new]:
+                o, state = kda_attention(xe[start:stop], w, spec.linear_head_dim, state, eps)
+                states.put(layer, e.request_id, e.context + stop, state)
+                parts.append(o)
+                start = stop
+            outs.append(torch.cat(parts) if len(parts) > 1 else parts[0])
     full = torch.cat(outs) if outs else x.new_zeros(0, x.shape[1])
     return rs.my_rows(full)

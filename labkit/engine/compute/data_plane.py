@@ -153,8 +153,11 @@ class ComputeDataPlane:
             table = kv.table(req.request_id)
             window = kv.window_table(req.request_id) if kv.window is not None else None
             samples = not decode and ctx + n == req.num_tokens
+            marks = ()
+            if self.spec.linear_layers and kv.snapshots is not None and not decode:
+                marks = self._state_marks(kv, req, ctx, n)
             entries.append(Entry(req.request_id, ctx, n, decode, table, samples,
-                                 window_table=window))
+                                 window_table=window, state_marks=marks))
             token_ids.extend(new)
         return StepBatch(entries, token_ids, self.block_size, self.layout.pcp, self.device)
 
@@ -216,6 +219,31 @@ class ComputeDataPlane:
                           np.zeros((1, len(batches))))
 
     # ------------------------------------------------------------ inspection
+    # ------------------------------------------------- linear-state snapshots
+    def _state_marks(self, kv, req, ctx: int, n: int) -> tuple[int, ...]:
+        """Where a prompt chunk must stop to keep the linear state: its last block
+        boundary (a call ending soon snapshots there) and the boundary the control
+        plane wants a snapshot at (a prefix seen the second time)."""
+        bs, end = self.block_size, ctx + n
+        wanted = {end // bs * bs, kv.snapshot_boundary(req.request_id) * bs}
+        return tuple(sorted(p for p in wanted if ctx < p < end))
+
+    def restore_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
+        """A request on DP rank dp resumes from the snapshot after `position` tokens."""
+        for g in self.mesh.replica_gpus(dp):
+            if self.ranks[g].snapshots.layers:
+                self.ranks[g].snapshots.restore(key, request_id, position)
+
+    def save_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
+        """The control plane saved a snapshot: copy the state on DP rank dp's GPUs,
+        and drop the copies of snapshots it has evicted since."""
+        alive = self.kv_manager(dp).snapshots.has
+        for g in self.mesh.replica_gpus(dp):
+            snapshots = self.ranks[g].snapshots
+            if snapshots.layers:
+                snapshots.save(key, request_id, position)
+                snapshots.prune(alive)
+
     def request_kv(self, req, layer: int, gpu: int) -> tuple[np.ndarray, dict]:
         """What GPU `gpu` holds of request `req`'s KV in `layer`: the positions it owns
         (all of them, or its DCP shard) and, per cache tensor, their entries. A

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from labkit.engine.compute.group import Group
-from labkit.engine.compute.linear_state import LinearStates
+from labkit.engine.compute.linear_state import LinearSnapshots, LinearStates
 from labkit.engine.compute.mesh import Mesh, RankPlace
 from labkit.engine.compute.paged_kv import PagedKV
 from labkit.engine.compute.step_batch import StepBatch
@@ -29,7 +29,9 @@ class Rank:
         self.place, self.mesh, self.spec = place, mesh, mesh.spec
         self.weights = weights  # layer -> its tensors; "model" -> embeddings, norm, head
         self.kv = kv
-        self.linear = LinearStates()
+        self.linear = LinearStates(kv.block_size)
+        linear = [i for i in weights if isinstance(i, int) and self.spec.is_linear_layer(i)]
+        self.snapshots = LinearSnapshots(self.linear, linear)  # of this GPU's linear layers
         self.tp, self.pcp, self.dcp = groups["tp"], groups["pcp"], groups["dcp"]
         self.ep, self.pp = groups["ep"], groups["pp"]
 

@@ -39,6 +39,9 @@ class Entry:
     samples: bool  # its last row's logits pick a token
     start: int = 0  # first row in the flattened tokens
     window_table: np.ndarray | None = None  # sliding-window layers' pages (-1: freed)
+    # linear-attention layers: positions inside the chunk whose state must exist (a
+    # snapshot may be taken there; see linear_state.py)
+    state_marks: tuple[int, ...] = ()
 
 
 class StepBatch:

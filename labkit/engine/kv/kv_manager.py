@@ -129,6 +129,11 @@ class KVManager:
         table = self.tables.get(request_id)
         return table.view() if table else EMPTY
 
+    def snapshot_boundary(self, request_id: str) -> int:
+        """Hybrid models: the block boundary where req is to save a state snapshot
+        on its way (a prefix seen the second time; 0 if none)."""
+        return self._checkpoints.get(request_id, 0)
+
     def window_table(self, request_id: str, group: int = 0) -> np.ndarray:
         """The sliding-window layers' pages of each logical block (-1: not held)."""
         return self.window.table(request_id, group)
@@ -273,6 +278,9 @@ class KVManager:
         table = self.tables.get(req.request_id)
         if table is None:
             computed = match.num_tokens
+            if self.snapshots is not None:
+                end = computed + (num_new_tokens if copied else 0)
+                self.snapshots.resume(req.keys, req.request_id, end)
             table = self._open_table(req, match)
         else:
             computed = req.num_computed_tokens
@@ -359,7 +367,8 @@ class KVManager:
                 self.on_cached(self.rank, blocks, keys, self.pool.now)
             boundary = self._checkpoints.get(req.request_id, 0)
             if boundary and full >= boundary:  # computed past a prefix seen before
-                self.snapshots.save(req.keys.key(boundary - 1), "second_sight")
+                self.snapshots.save(req.keys.key(boundary - 1), "second_sight",
+                                    req.request_id, boundary * self.block_size)
                 del self._checkpoints[req.request_id]
 
     # ------------------------------------------------------------- release
@@ -392,7 +401,8 @@ class KVManager:
             boundary = min(computed // self.block_size, req.keys.num_blocks) \
                 if req.keys is not None else 0
             if self.snapshots.interval and req.finish_s is not None and boundary:
-                self.snapshots.save(req.keys.key(boundary - 1), "call_end")
+                self.snapshots.save(req.keys.key(boundary - 1), "call_end",
+                                    req.request_id, boundary * self.block_size)
         return hint
 
     def fork(self, parent, child, num_tokens: int) -> None:

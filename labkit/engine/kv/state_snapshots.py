@@ -45,8 +45,14 @@ class SnapshotStats:
 
 
 class StateSnapshots:
-    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both") -> None:
+    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both",
+                 block_size: int = 0) -> None:
         self.pool = pool
+        self.pool_block_size = block_size  # tokens per KV block (positions -> boundaries)
+        # (boundary key, request id, tokens) of every new snapshot, and of every snapshot a
+        # request resumes from: the compute plane copies the state (compute/linear_state.py)
+        self.on_saved = None
+        self.on_restored = None
         self.pages = max(1, int(pages_per_snapshot))
         self.interval = retention in ("both", "interval")
         self.selective = retention in ("both", "selective")
@@ -73,10 +79,23 @@ class StateSnapshots:
             self.stats.hits += 1
         self.stats.tokens_recomputed += (cached_blocks - usable) * block_size
 
+    def resume(self, keys, request_id: str, position: int) -> None:
+        """A request starts from `position` tokens of cached (or arriving) prefix: it
+        copies the snapshot there into its own state — now, before its new blocks may
+        evict the snapshot's pages. (A prefix fetched from another rank brings its
+        state along: nothing to copy here.)"""
+        if position == 0 or self.on_restored is None:
+            return
+        key = keys.key(position // self.pool_block_size - 1)
+        if self.has(key):
+            self.on_restored(key, request_id, position)
+
     # ----------------------------------------------------------------- save
-    def save(self, boundary_key: int, reason: str) -> bool:
-        """Store the state after the block named boundary_key; False when the pool has
-        no room for it (it never evicts a block in use)."""
+    def save(self, boundary_key: int, reason: str, request_id: str = "",
+             position: int = 0) -> bool:
+        """Store the state `request_id` had after `position` tokens, the end of the
+        block named boundary_key; False when the pool has no room for it (it never
+        evicts a block in use)."""
         keys = self._keys(boundary_key)
         held = np.array([self.pool.cached_block(int(k)) for k in keys], dtype=np.int32)
         if (held >= 0).all():  # already there: refresh it (most recently used)
@@ -90,6 +109,8 @@ class StateSnapshots:
         pages = self.pool.allocate(len(keys))
         self.pool.cache_blocks(pages, keys, "linear-state")
         self.pool.free(pages)
+        if self.on_saved is not None:
+            self.on_saved(boundary_key, request_id, position)
         if reason == "call_end":
             self.stats.saved_at_call_end += 1
         else:
