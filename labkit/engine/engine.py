@@ -227,6 +227,7 @@ class Engine:
                 offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
             if compute:
                 offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
+                offload.intact = offload.on_moves.intact
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload

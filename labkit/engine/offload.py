@@ -42,6 +42,9 @@ class Offload:
         self.block_table = block_table
         # hybrid models: rank -> its state snapshots (a loaded prefix must end at one)
         self.snapshots_of: Callable[[int], object] | None = None
+        # compute plane: (store, key) -> are the bytes of a disk block intact?
+        self.intact: Callable[[int, int], bool] | None = None
+        self._intact: set[tuple[int, int]] = set()  # checked already
         self.events = events
         self.prefill_seconds = prefill_seconds
         block_bytes = block_size * placement.kv_bytes_per_token()
@@ -92,6 +95,9 @@ class Offload:
             return None
         store = self.store_of(req.rank)
         found, load_s, recompute_s = self._costs(req, store, first, limit)
+        readable = self._readable(store, keys, first, found)
+        if readable < len(found):  # recompute from the first unreadable block on
+            found, load_s, recompute_s = self._costs(req, store, first, limit)
         snapshots = self.snapshots_of(req.rank) if self.snapshots_of is not None else None
         if found and snapshots is not None:  # continue only where a state was saved
             n = next((j for j in range(len(found), 0, -1)
@@ -113,6 +119,23 @@ class Offload:
         def admit(r, now: float) -> float:
             return self._load(r, store, first, found, load_s, now)
         return PrefixTransfer(cached + tokens, load_s, admit)
+
+    def _readable(self, store: NodeStore, keys, first: int, found: list[int]) -> int:
+        """How many of the found blocks can be read back: a disk block whose file fails
+        its checksum is forgotten by the store (the load will stop before it)."""
+        if self.intact is None:
+            return len(found)
+        for j, level in enumerate(found):
+            if store.tiers[level].name != "disk":
+                continue
+            key = int(keys.key(first + j))
+            if (store.index, key) in self._intact:
+                continue
+            if not self.intact(store.index, key):
+                store.forget(key)
+                return j
+            self._intact.add((store.index, key))
+        return len(found)
 
     def _costs(self, req, store: NodeStore, first: int, limit: int) -> tuple:
         """(tier of each block found, seconds to load them, seconds to recompute them).
@@ -156,7 +179,7 @@ class Offload:
         for name in [t.name for t in self.stores[0].tiers]:
             stats = [s.stats()[name] for s in self.stores]
             for field in ("stored_blocks", "hit_blocks", "evicted_blocks", "dropped_blocks",
-                          "promoted_blocks"):
+                          "promoted_blocks", "corrupt_blocks"):
                 out[f"{name}_tier_{field}"] = sum(getattr(x, field) for x in stats)
         return out
 

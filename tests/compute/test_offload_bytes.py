@@ -91,3 +91,48 @@ def test_an_agentic_replay_through_the_tiers_generates_the_same_tokens(layout, t
         assert len(tiers.data_plane.tiers.disk(store.index).keys()) == len(disk)
         assert sorted(tiers.data_plane.tiers.disk(store.index).keys()) == \
             sorted(disk.policy.resident())
+
+
+def test_a_corrupt_block_on_disk_is_recomputed_instead(tmp_path):
+    """A prompt's KV is pushed down to the disk tier; one of its block files is then
+    damaged. The next call loads the blocks before it, recomputes from it on, and
+    generates exactly what greedy decoding gives."""
+    from compute_cases import assert_greedy
+
+    from labkit.engine.events import KVLoaded
+
+    gib = block_gib("tiny-llama", "tp1")
+    eng = compute_engine("tiny-llama", "tp1", num_gpu_blocks_override=24,
+                         cpu_kv_gib=4 * gib, disk_kv_gib=64 * gib,
+                         kv_offload_dir=str(tmp_path))
+    loads = []
+    eng.events.subscribe(loads.append, KVLoaded)
+    vocab = get_model("tiny-llama").vocab_size
+    prompt = [(7 * i) % (vocab - 4) + 4 for i in range(160)]  # 10 blocks
+    eng.submit_prompt(prompt, 2, request_id="first")
+    run_to_end(eng)
+    for i in range(3):  # other traffic: the prompt's blocks leave the GPU and the CPU
+        eng.submit_prompt([(11 * j + i) % (vocab - 4) + 4 for j in range(150)], 2,
+                          request_id=f"other{i}")
+        run_to_end(eng)
+    keys = eng.requests["first"].keys
+    disk = eng.data_plane.tiers.disk(0)
+    on_disk = [j for j in range(10) if keys.key(j) in disk]
+    assert len(on_disk) >= 6
+    bad = on_disk[3]
+    path = disk.path(keys.key(bad))
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    eng.submit_prompt(prompt + [5, 6, 7], 3, request_id="again")
+    run_to_end(eng)
+    again = eng.requests["again"]
+    assert [e.request_id for e in loads] == ["again"]
+    # the load stops right before the damaged block: the rest is recomputed
+    assert again.num_cached_tokens == bad * eng.block_size
+    assert eng.offload.summary()["disk_tier_corrupt_blocks"] == 1
+    # the damaged file is gone (a recomputed copy of the block may be written anew)
+    assert not path.exists() or disk.read(keys.key(bad)) is not None
+    store = eng.offload.stores[0]
+    assert sorted(disk.keys()) == sorted(store.tiers[1].policy.resident())
+    assert assert_greedy("tiny-llama", eng) == 5

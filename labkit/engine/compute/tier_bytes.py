@@ -13,7 +13,9 @@ gathered into one dict of tensors, named `"<gpu in replica>.<layer>.<name>"`.
 
 A "store" copies GPU -> host, a "demote" writes host -> file and frees the host copy,
 a "load" copies the tier's bytes into the GPU blocks the KV manager allocated. A disk
-block that fails its checksum is never served: the load stops with an error naming it.
+block that fails its checksum is never served: `intact` reads it when a load is first
+offered, and the control plane forgets it and recomputes from there; a load that still
+meets one (a file corrupted in between) stops with an error naming it.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class TierBytes:
                 self.write_gpu(m.rank, m.block, block)
             else:
                 raise ValueError(f"unknown tier move {m.kind!r}")
+
+    def intact(self, store: int, key: int) -> bool:
+        """Can the disk block be read back? (A corrupt file is deleted on the way.)"""
+        return self.disk(store).read(key) is not None
 
     def _read_disk(self, store: int, key: int) -> dict[str, torch.Tensor]:
         block = self.disk(store).read(key)

@@ -42,9 +42,11 @@ class TierStats:
     evicted_blocks: int = 0  # blocks it let go of (demoted or dropped)
     dropped_blocks: int = 0  # of those, the ones no tier kept
     promoted_blocks: int = 0  # blocks that left it for the tier above (loaded, hot again)
+    corrupt_blocks: int = 0  # blocks found unreadable when offered (compute plane)
 
     def resident(self) -> int:
-        return self.stored_blocks - self.evicted_blocks - self.promoted_blocks
+        return (self.stored_blocks - self.evicted_blocks - self.promoted_blocks
+                - self.corrupt_blocks)
 
 
 @dataclass(slots=True)
@@ -179,6 +181,13 @@ class NodeStore:
             moves.append(Move("store", key, self.tiers[0].name, rank, block))
             self._insert(0, key, moves)
         return moves
+
+    def forget(self, key: int) -> None:
+        """A block whose bytes turned out unreadable: it is in no tier any more."""
+        tier = self.tiers[self._level.pop(key)]
+        tier.policy.discard(key)
+        tier.stats.corrupt_blocks += 1
+        self.version += 1
 
     def stats(self) -> dict[str, TierStats]:
         return {t.name: t.stats for t in self.tiers}
