@@ -24,19 +24,18 @@ released with zero delay.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import math
 from collections.abc import Callable
 
 from labkit.engine.capacity import kv_capacity
 from labkit.engine.events import EventBus, RequestArrived, RequestFinished
+from labkit.engine.hybrid_kv import attach_hybrid_kv, hybrid_summary
 from labkit.engine.instance import Instance
 from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.kv.packing import block_layout
-from labkit.engine.kv.sliding_window import SlidingWindow, check_sliding_window
-from labkit.engine.kv.state_snapshots import StateSnapshots
+from labkit.engine.kv.sliding_window import check_sliding_window
 from labkit.engine.metrics import StepRecorder
 from labkit.engine.offload import Offload
 from labkit.engine.request import Request, Status
@@ -125,8 +124,7 @@ class Engine:
             inst.kv_bytes_per_block = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
         self.router = Router(self.config.router, self.schedulers, self.events)
         self.offload = self._prefix_sources(backend)
-        self._state_snapshots()
-        self._sliding_windows()
+        attach_hybrid_kv(self)
         if backend == "compute":
             self.events.subscribe(lambda e: self.data_plane.release(e.request.request_id),
                                   RequestFinished)
@@ -158,49 +156,16 @@ class Engine:
             raise unknown_choice("cost model", choice, COST_MODELS)
         return choice
 
-    def _state_snapshots(self) -> None:
-        """Hybrid models: prefix hits need a linear-attention state snapshot, kept in
-        pages of the KV block size (`kv/state_snapshots.py`)."""
-        if not (self.model.linear_layers and self.config.enable_prefix_caching):
-            return
-        page = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
-        pages = math.ceil(self.placement.state_bytes_per_gpu() / page)
-        for s in self.schedulers:
-            s.kv.snapshots = StateSnapshots(s.kv.pool, pages,
-                                            self.config.linear_state_retention,
-                                            self.block_size)
-            if self.backend == "compute":  # the states are real tensors: copy them
-                plane = self.data_plane
-                s.kv.snapshots.on_saved = functools.partial(plane.save_linear_state, s.rank)
-                s.kv.snapshots.on_restored = functools.partial(plane.restore_linear_state,
-                                                               s.rank)
-
-    def _sliding_windows(self) -> None:
-        """Sliding-window layers: a second table per request over the same pool, freed
-        as the window moves (`kv/sliding_window.py`)."""
-        m = self.model
-        if not m.sliding_window_layers:
-            return
-        pages = self.placement.window_pages_per_block()
-        for s in self.schedulers:
-            s.kv.window = SlidingWindow(s.kv.pool, self.block_size, m.sliding_window, pages,
-                                        self.events, s.rank)
-
     def extra_summary(self) -> dict:
-        """Summary entries of the optional mechanisms: offload tiers, state snapshots."""
+        """Summary entries of the optional mechanisms: offload tiers, HiSparse, hybrid
+        models' window and state snapshots."""
         out = self.offload.summary() if self.offload is not None else {}
         allocated = sum(s.kv.slots_allocated for s in self.schedulers)
         used = sum(s.kv.slots_used for s in self.schedulers)
         out["kv_internal_fragmentation"] = 1.0 - used / allocated if allocated else 0.0
         if self.hisparse is not None:
             out.update(self.hisparse.summary())
-        if self.model.sliding_window_layers:
-            out["kv_window_blocks_freed"] = sum(s.kv.window.pages_slid for s in self.schedulers)
-        snaps = [s.kv.snapshots.stats for s in self.schedulers if s.kv.snapshots is not None]
-        if snaps:
-            for name in ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space",
-                         "hits", "tokens_recomputed"):
-                out[f"linear_state_{name}"] = sum(getattr(x, name) for x in snaps)
+        out.update(hybrid_summary(self.schedulers))
         return out
 
     def _prefix_sources(self, backend: str) -> Offload | None:

@@ -27,7 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
-from labkit.engine.kv.kv_manager import NO_MATCH, KVManager, PrefixMatch
+from labkit.engine.kv.block_table import NO_MATCH, PrefixMatch
+from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.request import Request, Status
 from labkit.engine.transfer import PrefixTransfer, best_transfer
 from labkit.specs.config import EngineConfig

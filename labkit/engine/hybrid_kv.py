@@ -1,0 +1,55 @@
+"""Hybrid models' KV, wired into an engine: sliding-window tables and state snapshots.
+
+A hybrid model keeps more than the full-attention KV every model has (see
+`docs/hybrid_kv.md`):
+
+- **sliding-window layers** get a second block table per request over the same pool,
+  freed as the window moves (`kv/sliding_window.py`);
+- **linear-attention layers** reuse a prefix only where a snapshot of their state was
+  saved, in pool pages of the KV block size (`kv/state_snapshots.py`); on the compute
+  plane the snapshots are real copies of the state tensors.
+
+`attach_hybrid_kv` gives each DP rank's KV manager what its model needs;
+`hybrid_summary` adds their counters to a run's summary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from labkit.engine.kv.sliding_window import SlidingWindow
+from labkit.engine.kv.state_snapshots import StateSnapshots
+
+SNAPSHOT_STATS = ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space", "hits",
+                  "tokens_recomputed")
+
+
+def attach_hybrid_kv(engine) -> None:
+    m, placement, bs = engine.model, engine.placement, engine.block_size
+    for s in engine.schedulers:
+        if m.sliding_window_layers:
+            s.kv.window = SlidingWindow(s.kv.pool, bs, m.sliding_window,
+                                        placement.window_pages_per_block(), engine.events,
+                                        s.rank)
+        if m.linear_layers and engine.config.enable_prefix_caching:
+            pages = math.ceil(placement.state_bytes_per_gpu()
+                              / (bs * placement.kv_bytes_per_token_per_gpu()))
+            s.kv.snapshots = snaps = StateSnapshots(
+                s.kv.pool, pages, engine.config.linear_state_retention, bs)
+            if engine.backend == "compute":  # the states are real tensors: copy them
+                plane = engine.data_plane
+                snaps.on_saved = functools.partial(plane.save_linear_state, s.rank)
+                snaps.on_restored = functools.partial(plane.restore_linear_state, s.rank)
+
+
+def hybrid_summary(schedulers) -> dict:
+    out = {}
+    kvs = [s.kv for s in schedulers]
+    if kvs[0].window is not None:
+        out["kv_window_blocks_freed"] = sum(kv.window.pages_slid for kv in kvs)
+    snaps = [kv.snapshots.stats for kv in kvs if kv.snapshots is not None]
+    if snaps:
+        for name in SNAPSHOT_STATS:
+            out[f"linear_state_{name}"] = sum(getattr(x, name) for x in snaps)
+    return out
