@@ -228,12 +228,19 @@ class PDEngine:
         dst = decode.schedulers[req.rank].kv.table(req.request_id)
         data = export_kv(prefill.data_plane, shadow.rank, src, stop, start=start)
         import_kv(decode.data_plane, req.rank, dst, data, start=start)
+        if prefill.model.linear_layers:  # the state at the prompt's end crosses whole
+            from labkit.engine.compute.kv_convert import export_state, import_state
+
+            state = export_state(prefill.data_plane, shadow.rank, shadow.request_id, stop)
+            import_state(decode.data_plane, req.rank, req.request_id, stop, state)
 
     def _release_prefill(self, request_id: str) -> None:
         shadow = self._shadow.pop(request_id, None)
         if shadow is not None:
             engine = self._prefill_of.pop(request_id)
             engine.schedulers[shadow.rank].kv.free(shadow)
+            if engine.backend == "compute":  # its linear-attention state, if any
+                engine.data_plane.release(request_id)
             self._prefilled_calls[request_id] = shadow
 
     def _decoded(self, req: Request, t: float) -> None:
@@ -320,9 +327,6 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
     if p.backend == "compute" and p.model.sliding_window_layers:
         raise ConfigError(f"{where}: {p.model.name} has sliding-window layers, whose pages "
                           f"the compute plane does not convert between pools yet")
-    if p.backend == "compute" and p.model.linear_layers:
-        raise ConfigError(f"{where}: {p.model.name} keeps linear-attention state, which the "
-                          f"compute plane does not hand over between pools yet")
 
 
 class _PDLayout:

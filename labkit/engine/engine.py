@@ -126,7 +126,7 @@ class Engine:
         self.offload = self._prefix_sources(backend)
         attach_hybrid_kv(self)
         if backend == "compute":
-            self.events.subscribe(lambda e: self.data_plane.release(e.request.request_id),
+            self.events.subscribe(self._release_on_finish,
                                   RequestFinished)
 
         self.now = 0.0
@@ -139,6 +139,13 @@ class Engine:
         self.finish_callbacks: list[Callable[[Request, float], None]] = []
 
     # -------------------------------------------------------------- set-up
+    def _release_on_finish(self, event) -> None:
+        """Compute plane: a finished request's per-request state goes (unless its KV is
+        held to be sent on, as a P/D prefill's is: `disagg.py` releases it then)."""
+        req = event.request
+        if not self.schedulers[req.rank].hold_kv_on_finish:
+            self.data_plane.release(req.request_id)
+
     def _cost_model(self, choice):
         """The step model: "calibrated" (default: layer by layer from kernels fitted on
         measured H100 latencies), "roofline" (a first-order sketch), or an object with

@@ -21,6 +21,11 @@ spread differently over the GPUs of the two replicas, so it crosses in a neutral
 Block tables are the KV manager's physical block ids on the DP rank in question (the two
 planes' ids are unrelated); positions `start..` let a transfer skip a prefix the
 destination already holds (a prefix-cache hit).
+
+A hybrid model's linear-attention layers keep no per-token KV but one state per request
+(`linear_state.py`), split by heads over TP: `export_state` joins the TP ranks' head
+slices into whole states, `import_state` cuts them for the destination's TP ranks and
+makes them the request's state at that position. It always crosses whole.
 """
 
 from __future__ import annotations
@@ -92,6 +97,60 @@ def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0) -> None
 
 
 # ---------------------------------------------------------------- internals
+def export_state(plane, dp_rank: int, request_id: str, position: int) -> dict:
+    """The request's linear-attention state after `position` tokens and after the last
+    block boundary before it (where the destination may snapshot it), every head:
+    {position: {linear layer: state}}. Each TP rank gives its heads (any PCP member),
+    each PP stage its layers."""
+    boundary = position // plane.block_size * plane.block_size
+    wanted = {position: "current"} | ({boundary: "boundary"} if 0 < boundary < position else {})
+    parts: dict[tuple[int, int], dict[int, object]] = {}  # (position, layer) -> tp -> slice
+    for gpu in plane.mesh.replica_gpus(dp_rank):
+        rank, tp = plane.ranks[gpu], plane.mesh.places[gpu].tp_index
+        for layer in rank.snapshots.layers:
+            for pos, kind in wanted.items():
+                state = (rank.linear.peek(layer, request_id, pos) if kind == "current"
+                         else rank.linear.marked(layer, request_id, pos))
+                if state is None:
+                    raise ValueError(f"GPU {gpu} has no linear-attention state of "
+                                     f"{request_id} after {pos} tokens in layer {layer}")
+                parts.setdefault((pos, layer), {})[tp] = state
+    out: dict[int, dict[int, object]] = {}
+    for (pos, layer), by_tp in parts.items():
+        if sorted(by_tp) != list(range(plane.layout.tp)):
+            raise ValueError(f"layer {layer}: TP ranks {sorted(by_tp)} of "
+                             f"{plane.layout.tp} hold its state")
+        slices = [by_tp[i] for i in range(plane.layout.tp)]
+        out.setdefault(pos, {})[layer] = type(slices[0])(*(
+            None if first is None else torch.cat([s[f] for s in slices], dim=_HEAD_DIM[f])
+            for f, first in enumerate(slices[0])))
+    return out
+
+
+def import_state(plane, dp_rank: int, request_id: str, position: int, data: dict) -> None:
+    """Make `data[position]` (from `export_state`) the request's state after `position`
+    tokens on every GPU of the destination replica, each its TP rank's heads; keep an
+    earlier boundary's state as marked (`LinearStates.mark`)."""
+    tp = plane.layout.tp
+    for gpu in plane.mesh.replica_gpus(dp_rank):
+        rank, index = plane.ranks[gpu], plane.mesh.places[gpu].tp_index
+        for pos, layers in data.items():
+            for layer in rank.snapshots.layers:
+                whole = layers[layer]
+                mine = type(whole)(*(
+                    None if t is None else t.chunk(tp, dim=_HEAD_DIM[f])[index].clone()
+                    for f, t in enumerate(whole)))
+                if pos == position:
+                    rank.linear.restore(layer, request_id, pos, mine)
+                else:
+                    rank.linear.mark(layer, request_id, pos, mine)
+
+
+# KDAState fields: conv_q, conv_k, conv_v `[K-1, heads * dk]` (heads are column blocks),
+# recurrent `[heads, dk, dv]`
+_HEAD_DIM = (1, 1, 1, 0)
+
+
 def _check_table(plane, dp_rank: int, blocks, num_tokens: int, start: int) -> np.ndarray:
     if not 0 <= dp_rank < plane.layout.dp:
         raise ValueError(f"DP rank {dp_rank} does not exist (layout {plane.layout.text!r} "

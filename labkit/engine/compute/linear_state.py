@@ -46,18 +46,29 @@ class LinearStates:
     def has(self, layer: int, request_id: str, position: int) -> bool:
         return position in self._states.get((layer, request_id), {})
 
+    def peek(self, layer: int, request_id: str, position: int):
+        """The state after `position` tokens, if kept (nothing is dropped)."""
+        return self._states.get((layer, request_id), {}).get(position)
+
     def put(self, layer: int, request_id: str, position: int, state) -> None:
         self._states.setdefault((layer, request_id), {})[position] = state
-        if self.block_size and position % self.block_size == 0:
-            self._marked.setdefault((layer, request_id), {})[position] = state
+        self.mark(layer, request_id, position, state)
 
     def marked(self, layer: int, request_id: str, position: int):
         """The state after `position` tokens, a block boundary it passed (or None)."""
         return self._marked.get((layer, request_id), {}).get(position)
 
     def restore(self, layer: int, request_id: str, position: int, state) -> None:
-        """Make `state` the request's state after `position` tokens (a prefix hit)."""
+        """Make `state` the request's state after `position` tokens (a prefix hit, a
+        P/D hand-over)."""
         self._states[(layer, request_id)] = {position: state}
+        self.mark(layer, request_id, position, state)
+
+    def mark(self, layer: int, request_id: str, position: int, state) -> None:
+        """Keep `state` as the one after `position` tokens, if that is a block boundary
+        (a snapshot may be taken there later)."""
+        if self.block_size and position % self.block_size == 0:
+            self._marked.setdefault((layer, request_id), {})[position] = state
 
     def release(self, request_id: str) -> None:
         for store in (self._states, self._marked):

@@ -222,6 +222,8 @@ class KVManager:
                 end = computed + (num_new_tokens if copied else 0)
                 self.snapshots.resume(req.keys, req.request_id, end)
             table = self._open_table(req, match)
+            if copied:  # its prefix is not computed here: no state passes a checkpoint
+                self._checkpoints.pop(req.request_id, None)
         else:
             computed = req.num_computed_tokens
             if self.window is not None:  # its freed pages count in the check above
