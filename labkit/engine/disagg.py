@@ -224,10 +224,22 @@ class PDEngine:
                  start: int, stop: int) -> None:
         from labkit.engine.compute.kv_convert import export_kv, import_kv
 
-        src = prefill.schedulers[shadow.rank].kv.table(shadow.request_id)
-        dst = decode.schedulers[req.rank].kv.table(req.request_id)
-        data = export_kv(prefill.data_plane, shadow.rank, src, stop, start=start)
-        import_kv(decode.data_plane, req.rank, dst, data, start=start)
+        src_kv = prefill.schedulers[shadow.rank].kv
+        dst_kv = decode.schedulers[req.rank].kv
+        spec = prefill.model
+        full = None
+        if spec.sliding_window_layers:  # their KV crosses for the decode side's window only
+            window = list(spec.sliding_window_layers)
+            full = [i for i in range(spec.num_layers)
+                    if not spec.is_linear_layer(i) and i not in window]
+            first = max(start, dst_kv.window.first_needed(stop) * decode.block_size)
+            data = export_kv(prefill.data_plane, shadow.rank,
+                             src_kv.window_table(shadow.request_id), stop, first, window)
+            import_kv(decode.data_plane, req.rank, dst_kv.window_table(req.request_id),
+                      data, first, window)
+        data = export_kv(prefill.data_plane, shadow.rank, src_kv.table(shadow.request_id),
+                         stop, start, full)
+        import_kv(decode.data_plane, req.rank, dst_kv.table(req.request_id), data, start, full)
         if prefill.model.linear_layers:  # the state at the prompt's end crosses whole
             from labkit.engine.compute.kv_convert import export_state, import_state
 
@@ -324,9 +336,6 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
     if p.max_model_len > d.max_model_len:
         raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
                           f"decode only {d.max_model_len} (max_model_len)")
-    if p.backend == "compute" and p.model.sliding_window_layers:
-        raise ConfigError(f"{where}: {p.model.name} has sliding-window layers, whose pages "
-                          f"the compute plane does not convert between pools yet")
 
 
 class _PDLayout:

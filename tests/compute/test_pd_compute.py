@@ -65,3 +65,13 @@ def test_a_hybrid_models_state_crosses_with_its_kv(prefill, decode):
     assert len(got) >= 10 and got == colocated_outputs("tiny-kimi-linear")
     # nothing of a handed-over call stays behind on the prefill side
     assert all(len(r.linear) == 0 for e in engine.prefill for r in e.data_plane.ranks)
+
+
+def test_a_sliding_window_models_window_crosses_with_its_kv():
+    """gpt-oss: the full layers' KV crosses as usual, the sliding layer's only for the
+    window the decode side still reads (its other pages were never allocated there)."""
+    engine = pd_replay("tiny-gpt-oss", "tp2", "dp2")
+    got = outputs(engine)
+    assert len(got) >= 10 and got == colocated_outputs("tiny-gpt-oss")
+    decode = engine.decode[0]
+    assert sum(s.kv.window.pages_slid for s in decode.schedulers) > 0

@@ -36,11 +36,13 @@ import torch
 KVData = dict[int, dict[str, torch.Tensor]]
 
 
-def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0) -> KVData:
+def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0,
+              layers=None) -> KVData:
     """The KV of positions start..num_tokens-1 of a request whose block table on DP rank
     `dp_rank` of `plane` is `blocks` (physical block ids covering num_tokens), as full
     logical tensors per layer and cache name (see the module docstring), on the plane's
-    device. Raises ValueError when the blocks do not cover the positions or when the
+    device; only `layers` if given (a sliding-window model's two kinds of layer have
+    two tables). Raises ValueError when the blocks do not cover the positions or when the
     replica's GPUs leave a position, head or layer uncovered."""
     table = _check_table(plane, dp_rank, blocks, num_tokens, start)
     positions = np.arange(start, num_tokens, dtype=np.int64)
@@ -50,7 +52,7 @@ def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0) -> K
         kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
         rows, slots = _owned_slots(kv, positions, table, plane.block_size)
         rows_t = torch.as_tensor(rows, dtype=torch.long)
-        for layer, named in kv.layers.items():
+        for layer, named in _selected(kv, layers):
             for name, cache in named.items():
                 entries = _read(cache, slots, kv.local_block_size)
                 full = out.setdefault(layer, {}).get(name)
@@ -67,22 +69,23 @@ def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0) -> K
                 else:
                     full[idx, heads] = entries
                     covered[layer, name][rows_t, heads] = True
-    _check_coverage(plane, dp_rank, out, covered, start)
+    _check_coverage(plane, dp_rank, out, covered, start, layers)
     return out
 
 
-def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0) -> None:
+def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0,
+              layers=None) -> None:
     """Write `data` (as `export_kv` returns it; positions start..start+T-1) into the paged
     caches of DP rank `dp_rank` of `plane` at the request's blocks `blocks`: every GPU of
     the replica takes its stage's layers, its head slice and (under DCP) its owned
     positions; copies are all written."""
-    num_new = _check_data(plane, dp_rank, data)
+    num_new = _check_data(plane, dp_rank, data, layers)
     table = _check_table(plane, dp_rank, blocks, start + num_new, start)
     positions = np.arange(start, start + num_new, dtype=np.int64)
     for gpu in plane.mesh.replica_gpus(dp_rank):
         kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
         rows, slots = _owned_slots(kv, positions, table, plane.block_size)
-        for layer, named in kv.layers.items():
+        for layer, named in _selected(kv, layers):
             mine = {}
             for name, cache in named.items():
                 values = data[layer][name].to(cache.device)
@@ -96,7 +99,6 @@ def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0) -> None
                     kv.write(layer, name, values, slots)
 
 
-# ---------------------------------------------------------------- internals
 def export_state(plane, dp_rank: int, request_id: str, position: int) -> dict:
     """The request's linear-attention state after `position` tokens and after the last
     block boundary before it (where the destination may snapshot it), every head:
@@ -149,6 +151,12 @@ def import_state(plane, dp_rank: int, request_id: str, position: int, data: dict
 # KDAState fields: conv_q, conv_k, conv_v `[K-1, heads * dk]` (heads are column blocks),
 # recurrent `[heads, dk, dv]`
 _HEAD_DIM = (1, 1, 1, 0)
+
+
+# ---------------------------------------------------------------- internals
+def _selected(kv, layers):
+    """The (layer, caches) a GPU holds, of `layers` only if given."""
+    return [(i, named) for i, named in kv.layers.items() if layers is None or i in layers]
 
 
 def _check_table(plane, dp_rank: int, blocks, num_tokens: int, start: int) -> np.ndarray:
@@ -206,9 +214,10 @@ def _attention_layers(plane) -> list[int]:
     return [i for i in range(spec.num_layers) if not spec.is_linear_layer(i)]
 
 
-def _check_coverage(plane, dp_rank, out: KVData, covered, start: int) -> None:
+def _check_coverage(plane, dp_rank, out: KVData, covered, start: int, layers=None) -> None:
     where = f"DP rank {dp_rank} of layout {plane.layout.text!r}"
-    missing_layers = sorted(set(_attention_layers(plane)) - set(out))
+    expected = set(_attention_layers(plane)) if layers is None else set(layers)
+    missing_layers = sorted(expected - set(out))
     if missing_layers:
         raise ValueError(f"no GPU of {where} holds KV of layers {missing_layers}")
     for (layer, name), mask in covered.items():
@@ -221,13 +230,13 @@ def _check_coverage(plane, dp_rank, out: KVData, covered, start: int) -> None:
             raise ValueError(f"layer {layer} {name!r}: no GPU of {where} holds {what}")
 
 
-def _check_data(plane, dp_rank: int, data: KVData) -> int:
+def _check_data(plane, dp_rank: int, data: KVData, layers=None) -> int:
     sizes = {t.shape[0] for named in data.values() for t in named.values()}
     if len(sizes) > 1:
         raise ValueError(f"KV tensors disagree on the number of positions: {sorted(sizes)}")
     num_new = sizes.pop() if sizes else 0
     for gpu in plane.mesh.replica_gpus(dp_rank):
-        for layer, named in plane.ranks[gpu].kv.layers.items():
+        for layer, named in _selected(plane.ranks[gpu].kv, layers):
             if layer not in data:
                 raise ValueError(f"KV data has no layer {layer} (it has {sorted(data)})")
             for name, cache in named.items():
