@@ -47,7 +47,7 @@ def check_sliding_window(model, layout, config) -> None:
     window pages is useless. (A session's KV fetched from another DP rank,
     `session_kv_migration="fetch"`, is costed by its full-attention bytes on the sim
     plane; the compute plane recomputes instead. P/D sends the window at the end of
-    the prompt, on the sim plane; `check_pd_pair` refuses it on the compute plane.)
+    the prompt.)
     """
     if not model.sliding_window_layers:
         return
