@@ -32,6 +32,9 @@ def attach_hybrid_kv(engine) -> None:
             s.kv.window = SlidingWindow(s.kv.pool, bs, m.sliding_window,
                                         placement.window_pages_per_block(), engine.events,
                                         s.rank)
+            if engine.offload is not None:  # window pages are written through too
+                s.kv.window.on_cached = engine.offload.cached
+                engine.offload.window_of = lambda rank: engine.schedulers[rank].kv.window
         if m.linear_layers and engine.config.enable_prefix_caching:
             pages = math.ceil(placement.state_bytes_per_gpu()
                               / (bs * placement.kv_bytes_per_token_per_gpu()))

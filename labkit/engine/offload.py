@@ -11,6 +11,11 @@ Wiring (see `kv/tiers.py` for the tiers themselves):
 - every block move is handed to `on_moves(store_index, moves)` when set: the compute
   data plane copies the tensors (host tier) and writes the files (disk tier).
 
+Hybrid models narrow where a loaded prefix may end: at a block boundary with a
+linear-state snapshot (`snapshots_of`), or where the tiers also hold the pages of the
+sliding-window layers for the window behind it (`window_of`; window pages are written
+through like blocks, under their own keys, and loaded with the prefix).
+
 Each DP rank's PCIe links carry one load at a time: a load starts when the previous
 one on that rank has landed. Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`);
 a replica larger than a node pools its nodes' tiers.
@@ -40,8 +45,10 @@ class Offload:
         `block_table(request)`: its block ids on its rank."""
         self.block_size = block_size
         self.block_table = block_table
-        # hybrid models: rank -> its state snapshots (a loaded prefix must end at one)
+        # hybrid models: rank -> its state snapshots (a loaded prefix must end at one),
+        # rank -> its sliding-window tables (a loaded prefix brings its window along)
         self.snapshots_of: Callable[[int], object] | None = None
+        self.window_of: Callable[[int], object] | None = None
         # compute plane: (store, key) -> are the bytes of a disk block intact?
         self.intact: Callable[[int, int], bool] | None = None
         self._intact: set[tuple[int, int]] = set()  # checked already
@@ -95,17 +102,23 @@ class Offload:
             return None
         store = self.store_of(req.rank)
         found, load_s, recompute_s = self._costs(req, store, first, limit)
-        readable = self._readable(store, keys, first, found)
+        readable = self._readable(store, keys.keys(first, first + len(found)).tolist(), found)
         if readable < len(found):  # recompute from the first unreadable block on
             found, load_s, recompute_s = self._costs(req, store, first, limit)
         snapshots = self.snapshots_of(req.rank) if self.snapshots_of is not None else None
+        window = self.window_of(req.rank) if self.window_of is not None else None
+        extra: tuple[list, list] = ([], [])  # window pages loaded too: keys, tiers
         if found and snapshots is not None:  # continue only where a state was saved
             n = next((j for j in range(len(found), 0, -1)
                       if snapshots.has(keys.key(first + j - 1))), 0)
-            if n < len(found):
-                found = found[:n]
-                load_s = store.load_seconds(found)
-                recompute_s = self.prefill_seconds(n * bs, first * bs) if n else 0.0
+        elif found and window is not None:
+            n, extra = self._window_end(store, window, keys, first, len(found))
+        else:
+            n = len(found)
+        if n < len(found) or extra[0]:
+            found = found[:n]
+            load_s = store.load_seconds(found + extra[1])
+            recompute_s = self.prefill_seconds(n * bs, first * bs) if n else 0.0
         if not found:
             return None
         tokens = len(found) * bs
@@ -117,25 +130,37 @@ class Offload:
             return None
 
         def admit(r, now: float) -> float:
-            return self._load(r, store, first, found, load_s, now)
+            return self._load(r, store, first, found, load_s, now, extra)
         return PrefixTransfer(cached + tokens, load_s, admit)
 
-    def _readable(self, store: NodeStore, keys, first: int, found: list[int]) -> int:
-        """How many of the found blocks can be read back: a disk block whose file fails
-        its checksum is forgotten by the store (the load will stop before it)."""
+    def _window_end(self, store: NodeStore, window, keys, first: int, n: int) -> tuple:
+        """Of a run of n blocks found from block `first`, the longest prefix whose end
+        has its window in the tiers too: (its length, (the window pages' keys, their
+        tiers)). The window is the pages of the last `hit_blocks` blocks before it."""
+        for end in range(first + n, first, -1):
+            page_keys = [int(k) for b in range(max(0, end - window.hit_blocks), end)
+                         for k in window.page_keys(keys.key(b))]
+            levels = [store.level(k) for k in page_keys]
+            if None not in levels and self._readable(store, page_keys, levels) == len(levels):
+                return end - first, (page_keys, levels)
+        return 0, ([], [])
+
+    def _readable(self, store: NodeStore, keys: list[int], levels: list[int]) -> int:
+        """How many of the found blocks (`keys`, in tiers `levels`) can be read back: a
+        disk block whose file fails its checksum is forgotten by the store (the load
+        will stop before it)."""
         if self.intact is None:
-            return len(found)
-        for j, level in enumerate(found):
+            return len(levels)
+        for j, (key, level) in enumerate(zip(keys, levels)):
             if store.tiers[level].name != "disk":
                 continue
-            key = int(keys.key(first + j))
             if (store.index, key) in self._intact:
                 continue
             if not self.intact(store.index, key):
                 store.forget(key)
                 return j
             self._intact.add((store.index, key))
-        return len(found)
+        return len(levels)
 
     def _costs(self, req, store: NodeStore, first: int, limit: int) -> tuple:
         """(tier of each block found, seconds to load them, seconds to recompute them).
@@ -154,7 +179,7 @@ class Offload:
         return costs
 
     def _load(self, req, store: NodeStore, first: int, found: list[int], load_s: float,
-              now: float) -> float:
+              now: float, window: tuple[list, list] = ([], [])) -> float:
         rank, n = req.rank, len(found)
         self._located.pop(req.request_id, None)
         start = max(now, self._link_free_s[rank])  # one load at a time per rank's links
@@ -162,6 +187,12 @@ class Offload:
         keys = req.keys.keys(first, first + n).tolist()
         blocks = self.block_table(req)[first:first + n]
         req.num_offload_tokens = n * self.block_size
+        levels = found
+        if window[0]:  # into the window pages the request holds behind its prefix's end
+            end, tables = first + n, self.window_of(rank)
+            pages = tables.pages_of(req.request_id, max(0, end - tables.hit_blocks), end)
+            keys, blocks = keys + window[0], np.concatenate([blocks, pages])
+            levels = found + window[1]
         moves = store.take(keys, rank, blocks)
         if self.on_moves is not None:
             self.on_moves(store.index, moves)
@@ -170,7 +201,7 @@ class Offload:
                        for i, t in enumerate(store.tiers) if i in found}
             self.events.emit(KVLoaded(now, rank, req.request_id, n * self.block_size, by_tier,
                                       start + load_s - now, np.array(blocks),
-                                      tuple(store.tiers[i].name for i in found)))
+                                      tuple(store.tiers[i].name for i in levels)))
         return start + load_s - now
 
     # --------------------------------------------------------------- report

@@ -136,3 +136,16 @@ def test_a_corrupt_block_on_disk_is_recomputed_instead(tmp_path):
     store = eng.offload.stores[0]
     assert sorted(disk.keys()) == sorted(store.tiers[1].policy.resident())
     assert assert_greedy("tiny-llama", eng) == 5
+
+
+def test_a_sliding_window_replay_through_the_tiers_generates_the_same_tokens(tmp_path):
+    """tiny-gpt-oss: window pages go to the tiers with the blocks and come back with a
+    loaded prefix; the tokens are those of a run without tiers."""
+    gib = block_gib("tiny-gpt-oss", "tp1")
+    knobs = dict(sessions=2, num_gpu_blocks_override=32, max_num_batched_tokens=48)
+    tiers, _ = replay_agentic("tiny-gpt-oss", "tp1", cpu_kv_gib=6 * gib,
+                              disk_kv_gib=200 * gib, kv_offload_dir=str(tmp_path), **knobs)
+    plain, _ = replay_agentic("tiny-gpt-oss", "tp1", **knobs)
+    assert sum(r.num_offload_tokens for r in tiers.requests.values()) > 0
+    assert tiers.offload.summary()["disk_tier_hit_blocks"] > 0
+    assert outputs(tiers) == outputs(plain)

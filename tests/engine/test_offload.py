@@ -184,3 +184,27 @@ def test_a_hybrid_models_loaded_prefix_ends_where_a_state_snapshot_exists():
     engine.replay(small_agentx(8), concurrency=8, duration_s=120)
     assert len(loads) > 5
     assert set(loads) <= resumed  # each load ends where a snapshot was taken
+
+
+def test_a_sliding_window_models_load_brings_the_window_behind_the_prefix():
+    """gpt-oss: window pages are written through like blocks; a loaded prefix ends where
+    the tiers also hold the window behind it, and those pages come back with it."""
+    def run(**knobs):
+        engine = Engine("gpt-oss-120b", "tp2", "h200", num_gpu_blocks_override=2000, **knobs)
+        window, loads = engine.schedulers[0].kv.window, []
+
+        def check(e):  # the request now holds exactly the window at its prefix's end
+            req = engine.requests[e.request_id]
+            end = req.num_computed_tokens // engine.block_size
+            pages = window.pages_of(e.request_id, max(0, end - window.hit_blocks), end)
+            assert len(e.blocks) == e.num_tokens // engine.block_size + len(pages)
+            assert set(pages.tolist()) <= set(e.blocks.tolist())
+            loads.append(e)
+        engine.events.subscribe(check, KVLoaded)
+        summary = engine.replay(small_agentx(8), concurrency=8, duration_s=120).summary
+        return summary, loads
+
+    plain, _ = run()
+    tiers, loads = run(cpu_kv_gib=64)
+    assert len(loads) > 20
+    assert tiers["prefix_cache_hit_rate"] > plain["prefix_cache_hit_rate"] + 0.3

@@ -43,8 +43,8 @@ def check_sliding_window(model, layout, config) -> None:
     """What a sliding-window model cannot be combined with (yet), before anything runs.
 
     Token-sharded KV (DCP, PCP) and layer-sharded KV (KVPP) would need per-shard
-    windows; offload tiers move full-attention blocks only, and a prefix without its
-    window pages is useless. (A session's KV fetched from another DP rank,
+    windows. (Offload tiers keep window pages too, and a loaded prefix brings its
+    window along. A session's KV fetched from another DP rank,
     `session_kv_migration="fetch"`, is costed by its full-attention bytes on the sim
     plane; the compute plane recomputes instead. P/D sends the window at the end of
     the prompt.)
@@ -58,9 +58,6 @@ def check_sliding_window(model, layout, config) -> None:
                               f"does not model for sliding-window KV; use tp, pp, ep or dp")
     if model.linear_layers:
         raise ConfigError(f"{where} and linear-attention layers: not supported together")
-    if config.cpu_kv_gib or config.disk_kv_gib:
-        raise ConfigError(f"{where}: offload tiers (cpu_kv_gib, disk_kv_gib) keep only "
-                          f"full-attention blocks; leave them at 0")
 
 
 class WindowTable:
@@ -109,6 +106,9 @@ class SlidingWindow:
         self.hit_blocks = -(-(window - 1) // block_size)
         self.tables: dict[str, WindowTable] = {}
         self.pages_slid = 0  # pages freed early, as they left a window
+        # (rank, pages, keys, now) on every page registered: the write-through into the
+        # node's offload tiers (engine/offload.py), if any
+        self.on_cached = None
 
     def first_needed(self, computed: int) -> int:
         """First logical block a step starting at token `computed` still reads."""
@@ -259,6 +259,8 @@ class SlidingWindow:
             pages = table.pages[start:full].ravel()
             page_keys = np.concatenate([self.page_keys(keys.key(j)) for j in range(start, full)])
             self.pool.cache_blocks(pages, page_keys, request_id)
+            if self.on_cached is not None:
+                self.on_cached(self.rank, pages, page_keys, self.pool.now)
         table.num_keyed = full
 
     # ------------------------------------------------------------- release
@@ -284,6 +286,14 @@ class SlidingWindow:
         table.first_live = first
         table.num_keyed = min(parent.num_keyed, num_tokens // self.block_size)
         self.tables[child_id] = table
+
+    def pages_of(self, request_id: str, first: int, end: int) -> np.ndarray:
+        """The pages request_id holds for logical blocks first .. end-1, in order."""
+        pages = self.tables[request_id].pages[first:end].ravel()
+        if (pages < 0).any():
+            raise RuntimeError(f"{request_id} holds no window pages for some of blocks "
+                               f"{first}..{end - 1}")
+        return pages
 
     def table(self, request_id: str, group: int = 0) -> np.ndarray:
         """Page `group` of each logical block (-1 where not held): what a layer of the

@@ -146,6 +146,10 @@ class NodeStore:
             found.append(where)
         return found
 
+    def level(self, key: int) -> int | None:
+        """The tier (its index) holding key, or None."""
+        return self._level.get(key)
+
     def load_seconds(self, levels: list[int]) -> float:
         """Time to bring these blocks (tier indices, from `locate`) to the GPUs. Every
         block crosses each GPU's PCIe link (its share of the block); blocks on disk
