@@ -105,16 +105,7 @@ class Offload:
         readable = self._readable(store, keys.keys(first, first + len(found)).tolist(), found)
         if readable < len(found):  # recompute from the first unreadable block on
             found, load_s, recompute_s = self._costs(req, store, first, limit)
-        snapshots = self.snapshots_of(req.rank) if self.snapshots_of is not None else None
-        window = self.window_of(req.rank) if self.window_of is not None else None
-        extra: tuple[list, list] = ([], [])  # window pages loaded too: keys, tiers
-        if found and snapshots is not None:  # continue only where a state was saved
-            n = next((j for j in range(len(found), 0, -1)
-                      if snapshots.has(keys.key(first + j - 1))), 0)
-        elif found and window is not None:
-            n, extra = self._window_end(store, window, keys, first, len(found))
-        else:
-            n = len(found)
+        n, extra = self._usable_end(req.rank, store, keys, first, len(found))
         if n < len(found) or extra[0]:
             found = found[:n]
             load_s = store.load_seconds(found + extra[1])
@@ -132,6 +123,18 @@ class Offload:
         def admit(r, now: float) -> float:
             return self._load(r, store, first, found, load_s, now, extra)
         return PrefixTransfer(cached + tokens, load_s, admit)
+
+    def _usable_end(self, rank: int, store: NodeStore, keys, first: int, n: int) -> tuple:
+        """How many of the n blocks found from block `first` a load may bring, and the
+        window pages it brings too ((keys, tiers)): a hybrid model's prefix must end
+        at a linear-state snapshot, or where the tiers also hold its window."""
+        snapshots = self.snapshots_of(rank) if self.snapshots_of is not None else None
+        if n and snapshots is not None:
+            return next((j for j in range(n, 0, -1)
+                         if snapshots.has(keys.key(first + j - 1))), 0), ([], [])
+        if n and self.window_of is not None:
+            return self._window_end(store, self.window_of(rank), keys, first, n)
+        return n, ([], [])
 
     def _window_end(self, store: NodeStore, window, keys, first: int, n: int) -> tuple:
         """Of a run of n blocks found from block `first`, the longest prefix whose end
