@@ -39,7 +39,7 @@ def attach_hybrid_kv(engine) -> None:
             pages = math.ceil(placement.state_bytes_per_gpu()
                               / (bs * placement.kv_bytes_per_token_per_gpu()))
             s.kv.snapshots = snaps = StateSnapshots(
-                s.kv.pool, pages, engine.config.linear_state_retention, bs)
+                s.kv.pool, pages, engine.config.linear_state_retention)
             if engine.backend == "compute":  # the states are real tensors: copy them
                 plane = engine.data_plane
                 snaps.on_saved = functools.partial(plane.save_linear_state, s.rank)

@@ -67,12 +67,9 @@ class RankStep:
     def device(self):
         return self.batch.device
 
-    def sliding(self, layer: int) -> bool:
-        return self.rank.spec.is_sliding_layer(layer)
-
     def slots(self, layer: int) -> np.ndarray:
         """Slots of the new tokens' KV in `layer`'s paged cache (its table's pages)."""
-        if not self.sliding(layer):
+        if not self.rank.spec.is_sliding_layer(layer):
             return self.slots_all
         if self._window_slots is None:
             self._window_slots = self._slots(self.batch.table(sliding=True))

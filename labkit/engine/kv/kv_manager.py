@@ -218,9 +218,10 @@ class KVManager:
         table = self.tables.get(req.request_id)
         if table is None:
             computed = match.num_tokens
-            if self.snapshots is not None:
-                end = computed + (num_new_tokens if copied else 0)
-                self.snapshots.resume(req.keys, req.request_id, end)
+            end = computed + (num_new_tokens if copied else 0)
+            if self.snapshots is not None and req.keys is not None and end >= self.block_size:
+                self.snapshots.resume(req.keys.key(end // self.block_size - 1),
+                                      req.request_id, end)
             table = self._open_table(req, match)
             if copied:  # its prefix is not computed here: no state passes a checkpoint
                 self._checkpoints.pop(req.request_id, None)
@@ -258,9 +259,7 @@ class KVManager:
                 self.events.emit(CacheHit(self.pool.now, self.rank, req.request_id, hit))
         self.tables[req.request_id] = table
         if self.window is not None:
-            pages = match.window_pages
-            self.window.open(req.request_id, len(table.blocks), len(hit),
-                             pages if pages is not None else EMPTY.reshape(0, 1))
+            self.window.open(req.request_id, len(table.blocks), len(hit), match.window_pages)
         return table
 
     def _needs_copy(self, table: BlockTable, computed: int) -> bool:

@@ -176,11 +176,11 @@ class SlidingWindow:
         return int((self.pool.ref_count[gone] == 1).sum())
 
     def open(self, request_id: str, capacity: int, num_blocks: int,
-             hit_pages: np.ndarray) -> WindowTable:
+             hit_pages: np.ndarray | None) -> WindowTable:
         """A table for a request starting from a prefix of `num_blocks` blocks whose
         last len(hit_pages) blocks' pages are cached (referenced here)."""
         table = WindowTable(capacity, self.pages_per_block)
-        held = len(hit_pages)
+        held = 0 if hit_pages is None else len(hit_pages)
         if num_blocks:
             rows = np.full((num_blocks, self.pages_per_block), -1, dtype=np.int32)
             if held:

@@ -45,10 +45,8 @@ class SnapshotStats:
 
 
 class StateSnapshots:
-    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both",
-                 block_size: int = 0) -> None:
+    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both") -> None:
         self.pool = pool
-        self.pool_block_size = block_size  # tokens per KV block (positions -> boundaries)
         # (boundary key, request id, tokens) of every new snapshot, and of every snapshot a
         # request resumes from: the compute plane copies the state (compute/linear_state.py)
         self.on_saved = None
@@ -79,16 +77,13 @@ class StateSnapshots:
             self.stats.hits += 1
         self.stats.tokens_recomputed += (cached_blocks - usable) * block_size
 
-    def resume(self, keys, request_id: str, position: int) -> None:
-        """A request starts from `position` tokens of cached (or arriving) prefix: it
-        copies the snapshot there into its own state — now, before its new blocks may
-        evict the snapshot's pages. (A prefix fetched from another rank brings its
-        state along: nothing to copy here.)"""
-        if position == 0 or self.on_restored is None:
-            return
-        key = keys.key(position // self.pool_block_size - 1)
-        if self.has(key):
-            self.on_restored(key, request_id, position)
+    def resume(self, boundary_key: int, request_id: str, position: int) -> None:
+        """A request starts from `position` tokens of cached (or arriving) prefix, the
+        end of the block named boundary_key: it copies the snapshot there into its own
+        state — now, before its new blocks may evict the snapshot's pages. (A prefix
+        fetched from another rank brings its state along: nothing to copy here.)"""
+        if self.on_restored is not None and self.has(boundary_key):
+            self.on_restored(boundary_key, request_id, position)
 
     # ----------------------------------------------------------------- save
     def save(self, boundary_key: int, reason: str, request_id: str = "",

@@ -186,7 +186,7 @@ class LayerStepModel:
         if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
             return np.zeros(work.prefill_tokens.shape)
         m, lay, ops = self.model, self.layout, self.ops
-        rank, new, ctx = work.prefill_chunks
+        _, new, ctx = work.prefill_chunks
         if window:
             return self._window_prefill_core(work, window)
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
@@ -214,25 +214,21 @@ class LayerStepModel:
             kv_tokens = (ctx + new) / shard
             t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
                              m.kv_lora_rank, "bf16")
-        per_rank = np.zeros(work.prefill_tokens.shape[1])
-        np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
-        return per_rank[None, :] / work.chunk_share
+        return _sum_chunks(work, t)
 
     def _window_prefill_core(self, work: StepWork, window: int):
         """Sliding-window prefill (GQA; DCP and PCP are refused for such models): a
         chunk longer than the window runs as pieces of `window` queries, each over at
         most a window of earlier keys."""
         m, ops = self.model, self.ops
-        rank, new, ctx = work.prefill_chunks
+        _, new, ctx = work.prefill_chunks
         piece = np.minimum(new, window)
         pieces = new / np.maximum(piece, 1)
         prefix = np.where(new > window, window, np.minimum(ctx, window))
         t = pieces * ops.attention_prefill(1, np.maximum(piece, 1), prefix, self.heads,
                                            self.placement.kv_heads_per_gpu, m.head_dim,
                                            self.kv_dtype)
-        per_rank = np.zeros(work.prefill_tokens.shape[1])
-        np.add.at(per_rank, rank, np.broadcast_to(t, rank.shape))
-        return per_rank[None, :] / work.chunk_share
+        return _sum_chunks(work, t)
 
     # -------------------------------------------------------------------- mlp
     def _mlp_layer(self, tokens, group):
@@ -313,6 +309,14 @@ def _share(work: StepWork, split) -> StepWork:
         "kv_read_tokens", "prefill_pairs", "decode_pairs", "decode_context")}
     return StepWork(**fields, idle=work.idle, prefill_chunks=work.prefill_chunks,
                     chunk_share=split)
+
+
+def _sum_chunks(work: StepWork, seconds) -> np.ndarray:
+    """Per-chunk times (`prefill_chunks` order) summed per rank, for 1/chunk_share."""
+    rank = work.prefill_chunks[0]
+    per_rank = np.zeros(work.prefill_tokens.shape[1])
+    np.add.at(per_rank, rank, np.broadcast_to(seconds, rank.shape))
+    return per_rank[None, :] / work.chunk_share
 
 
 def _prefill_prefix(work: StepWork):
