@@ -98,7 +98,8 @@ def generate_multi_turn_trace(num_sessions: int = 100, turns: int = 5,
                               block_size: int = 64) -> Trace:
     """Chat sessions whose every turn re-sends the conversation so far."""
     knobs = dict(locals())
-    _check_counts(num_sessions=num_sessions, system_prompt_len=(system_prompt_len, 0), block_size=(block_size, 1))
+    _check_counts(num_sessions=num_sessions, system_prompt_len=(system_prompt_len, 0),
+                  block_size=(block_size, 1))
     if not (math.isfinite(think_time_s) and think_time_s >= 0):
         raise ConfigError(f"think_time_s={think_time_s} must be a finite number >= 0")
     rng = np.random.default_rng(seed)
