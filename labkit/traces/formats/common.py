@@ -63,27 +63,23 @@ def csv_rows(path: str, required: tuple[str, ...], format_name: str
             yield line, dict(zip(columns, (c.strip() for c in cells), strict=True))
 
 
+def float_cell(row: dict[str, str], column: str, path: str, line: int,
+               whole: bool = False) -> float:
+    """A finite number (``whole``: an integral one) from a CSV cell, or TraceError."""
+    text = row[column]
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not np.isfinite(value) or (whole and value != int(value)):
+        kind = "whole" if whole else "finite"
+        raise TraceError(path, line, f"column {column!r}: {text!r} is not a {kind} number")
+    return value
+
+
 def int_cell(row: dict[str, str], column: str, path: str, line: int) -> int:
     """A whole number (``"12"`` or ``"12.0"``) from a CSV cell, or TraceError."""
-    text = row[column]
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (np.isfinite(value) and value == int(value)):
-        raise TraceError(path, line, f"column {column!r}: {text!r} is not a whole number")
-    return int(value)
-
-
-def float_cell(row: dict[str, str], column: str, path: str, line: int) -> float:
-    text = row[column]
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not np.isfinite(value):
-        raise TraceError(path, line, f"column {column!r}: {text!r} is not a finite number")
-    return value
+    return int(float_cell(row, column, path, line, whole=True))
 
 
 def output_tokens(n: int) -> int:
