@@ -77,6 +77,20 @@ def test_bailian_ids_that_are_not_chain_unique_are_renumbered(tmp_path):
     assert trace_stats(trace)["prefix_reuse"] == naive_prefix_reuse(raw, 16) == 32 / 120
 
 
+def test_bailian_rows_without_hash_ids_get_fresh_ones(tmp_path):
+    path = tmp_path / "b.jsonl"   # aiperf's documented example rows have no hash_ids
+    path.write_text(json.dumps({"chat_id": 159, "parent_chat_id": -1, "timestamp": 61.114,
+                                "input_length": 521, "output_length": 132, "type": "text",
+                                "turn": 1}) + "\n" +
+                    json.dumps({"chat_id": 160, "parent_chat_id": 159, "timestamp": 62.5,
+                                "input_length": 40, "output_length": 8,
+                                "hash_ids": [3, 2**45, 5]})
+                    + "\n")
+    first, second = load_trace(path).requests
+    assert len(first.hash_ids) == 33 and second.parent_id == "bl-159"
+    assert not set(first.hash_ids.tolist()) & set(second.hash_ids.tolist())
+
+
 @pytest.mark.parametrize(("rows", "line", "pattern"), [
     ([{"chat_id": 1, "timestamp": 0, "input_length": 16, "output_length": 1,
        "hash_ids": [1]}, {"chat_id": 1, "timestamp": 1, "input_length": 16,

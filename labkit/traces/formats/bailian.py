@@ -10,7 +10,8 @@ Alibaba published two hours of anonymised requests to one Qwen serving instance
   (-1 for the first turn of a conversation); ``turn`` counts turns (1 = first);
 * ``timestamp`` is the arrival in **seconds** from the start of the trace;
 * ``hash_ids`` has one id per **16-token** block of the whole prompt (a follow-up
-  turn's prompt includes the history), equal ids = equal content;
+  turn's prompt includes the history), equal ids = equal content (a row without
+  them gets fresh ids: no reuse is invented);
 * ``type`` is text / search / image / file (not kept: an engine serves them alike).
 
 How we load it. Following parent links from a turn back to its root gives its
@@ -33,6 +34,7 @@ from __future__ import annotations
 from labkit.traces.formats.common import compact_ids, needs_compacting, output_tokens
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, read_objects
 from labkit.traces.schema import Trace, TraceRequest
+from labkit.traces.streams import IdMinter
 from labkit.traces.validate import TraceError, check_request
 
 BAILIAN_BLOCK_SIZE = 16
@@ -45,7 +47,7 @@ BAILIAN_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
     "output_length": ("integer", True, False),
     "type": ("string", False, False),
     "turn": ("integer", False, False),
-    "hash_ids": ("list of integers", True, False),
+    "hash_ids": ("list of integers", False, False),
 }
 
 
@@ -66,9 +68,15 @@ def load_bailian(path: str) -> Trace:
     rows.sort(key=lambda row: (row[1]["timestamp"], row[0]))  # by arrival, stable
     position = {obj["chat_id"]: i for i, (_, obj) in enumerate(rows)}
 
-    hash_lists = [id_array(obj["hash_ids"], path, line) for line, obj in rows]
-    if needs_compacting(hash_lists):
-        hash_lists, _ = compact_ids(hash_lists)
+    hash_lists = [id_array(obj["hash_ids"], path, line) if "hash_ids" in obj else None
+                  for line, obj in rows]
+    given = [h for h in hash_lists if h is not None]
+    if needs_compacting(given):
+        compacted = iter(compact_ids(given)[0])
+        hash_lists = [next(compacted) if h is not None else None for h in hash_lists]
+    # A row without hash_ids (allowed by aiperf's reader) gets ids nothing else has.
+    fresh = IdMinter(max((int(h.max()) for h in hash_lists if h is not None and len(h)),
+                         default=-1) + 1)
     session_of: dict[int, str] = {}
     continued: set[int] = set()        # chats that already have a follow-up turn
     requests: list[TraceRequest] = []
@@ -89,7 +97,9 @@ def load_bailian(path: str) -> Trace:
         req = TraceRequest(
             session_id=session_of[chat], request_id=f"bl-{chat}", parent_id=parent_id,
             kind="main", delay_s=float(delay), input_length=obj["input_length"],
-            output_length=output_tokens(obj["output_length"]), hash_ids=ids,
+            output_length=output_tokens(obj["output_length"]),
+            hash_ids=ids if ids is not None else fresh.take(
+                -(-max(obj["input_length"], 0) // BAILIAN_BLOCK_SIZE)),
             timestamp=float(obj["timestamp"]))
         reason = check_request(req, BAILIAN_BLOCK_SIZE)
         if reason:
