@@ -1,9 +1,14 @@
 """`labkit ...`: the command line.
 
     labkit trace gen --kind agentx --sessions N --seed S [--tiny] --out FILE.jsonl
-    labkit trace stats FILE [--format auto|labkit|mooncake] [--json]
+    labkit trace gen --kind random|shared-prefix|multi-turn [--num-prompts N --request-rate R
+                     --burstiness B --input-len L --output-len L --range-ratio r ...] --out F
+    labkit trace stats FILE [--format auto|labkit|mooncake|bailian|azure|agentx|...] [--json]
+    labkit trace convert IN OUT [--format ...]   (any format -> labkit JSONL)
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
                   [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
+                 [--slo ttft=2,tpot=0.05] [--percentiles 50,90,99] [--gpu-hour-usd X]
+                 [--on-oversize error|skip]
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
@@ -25,6 +30,9 @@ import types
 import typing
 
 from labkit.errors import ConfigError
+from labkit.traces.formats import FORMATS
+from labkit.traces.load_cli import add_load_flags
+from labkit.traces.loads import LOAD_KINDS
 from labkit.traces.validate import TraceError
 from labkit.specs.config import knob_fields
 from labkit.specs.hardware import HARDWARE_PRESETS
@@ -75,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="generate traces and describe them")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
     gen = tsub.add_parser("gen", help="generate a synthetic trace")
-    gen.add_argument("--kind", choices=["agentx"], default="agentx")
-    gen.add_argument("--sessions", type=int, required=True)
+    gen.add_argument("--kind", choices=["agentx", *LOAD_KINDS], default="agentx")
+    gen.add_argument("--sessions", type=int, help="sessions (agentx: required; multi-turn)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--block-size", type=int, help="tokens per block id (default 64; "
                                                      "16 with --tiny, the tiny models' own)")
@@ -87,14 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a generator knob (see labkit.traces.AgentXParams), repeatable, "
                           "e.g. --param context_window_tokens=200000")
     gen.add_argument("--out", required=True)
+    add_load_flags(gen)
     stats = tsub.add_parser("stats", help="statistics of a trace")
     stats.add_argument("file")
-    stats.add_argument("--format", choices=["auto", "labkit", "mooncake"], default="auto")
+    stats.add_argument("--format", choices=["auto", *FORMATS], default="auto")
     stats.add_argument("--json", action="store_true")
+    convert = tsub.add_parser("convert", help="rewrite a trace in any format as labkit JSONL")
+    convert.add_argument("input")
+    convert.add_argument("output", help="labkit JSONL (.gz: compressed)")
+    convert.add_argument("--format", choices=["auto", *FORMATS], default="auto")
 
     replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
     replay.add_argument("--trace", required=True)
-    replay.add_argument("--format", choices=["auto", "labkit", "mooncake"], default="auto")
+    replay.add_argument("--format", choices=["auto", *FORMATS], default="auto")
     replay.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_PRESETS)}")
     replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
     replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
@@ -124,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
                         default=True, help="start the first sessions at a random turn")
     replay.add_argument("--loop-trace", action=argparse.BooleanOptionalAction, default=True,
                         help="closed loop: start over with fresh ids when sessions run out")
+    replay.add_argument("--on-oversize", choices=["error", "skip"], default="error",
+                        help="a request that can never run: refuse the replay (default) "
+                             "or skip it and its session's later calls, as vLLM rejects it")
+    replay.add_argument("--slo", help="goodput SLOs in seconds, e.g. ttft=2,tpot=0.05,e2el=60")
+    replay.add_argument("--percentiles", help="extra percentiles, e.g. 50,90,99")
+    replay.add_argument("--gpu-hour-usd", type=float, help="price of a GPU-hour: cost per "
+                                                            "million tokens in the summary")
     replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json")
     replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -185,9 +205,28 @@ def main(argv: list[str] | None = None) -> int:
 def _trace(args) -> int:
     from labkit.traces import generate_agentx_trace, load_trace, trace_stats, write_trace
 
+    if args.trace_command == "convert":
+        trace = load_trace(args.input, format=args.format)
+        write_trace(trace, args.output)
+        print(f"wrote {len(trace.requests)} requests in {len(trace.sessions())} sessions "
+              f"({trace.format}, block size {trace.block_size}) to {args.output}")
+        return 0
+    if args.trace_command == "gen" and args.kind != "agentx":
+        from labkit.traces.load_cli import generate_load
+
+        trace = generate_load(args)
+        write_trace(trace, args.out)
+        print(f"wrote {len(trace.requests)} requests in {len(trace.sessions())} sessions "
+              f"to {args.out}")
+        return 0
     if args.trace_command == "gen":
-        if args.sessions < 1:
-            raise ConfigError(f"--sessions {args.sessions} must be >= 1")
+        from labkit.traces.load_cli import given_load_flags
+
+        if given_load_flags(args):
+            raise ConfigError(f"{given_load_flags(args)[0]} is not a knob of --kind agentx "
+                              f"(use --param NAME=VALUE)")
+        if args.sessions is None or args.sessions < 1:
+            raise ConfigError(f"--kind agentx needs --sessions N >= 1, got {args.sessions}")
         from labkit.traces import TINY_AGENTX
 
         knobs = {**(TINY_AGENTX if args.tiny else {}), **_generator_params(args.param)}
@@ -233,6 +272,9 @@ def _replay(args) -> int:
 
     if args.concurrency is not None and args.duration_s is None and args.loop_trace:
         raise ConfigError("--concurrency needs --duration-s (or --no-loop-trace)")
+    from labkit.engine.slo import metric_options
+
+    metric_options(args.slo, args.percentiles, args.gpu_hour_usd)  # bad values: before loading
     trace = load_trace(args.trace, format=args.format)
     compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
                if getattr(args, k) is not None}
@@ -243,13 +285,20 @@ def _replay(args) -> int:
     result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                            open_loop=args.open_loop, warmup_s=args.warmup_s,
                            max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
-                           loop_trace=args.loop_trace, progress=progress)
+                           loop_trace=args.loop_trace, progress=progress,
+                           on_oversize=args.on_oversize, slo=args.slo,
+                           percentiles=args.percentiles, gpu_hour_usd=args.gpu_hour_usd)
     if args.out:
         result.save(args.out)
     if args.json:
         print(json.dumps(result.summary, default=_plain))
     else:
-        print(format_summary(result.summary))
+        from labkit.engine.slo import metric_options, percentile_key
+
+        chosen = metric_options(percentiles=args.percentiles).percentiles
+        print(format_summary(result.summary, [
+            percentile_key(m, q) for q in chosen
+            for m in ("ttft", "tpot", "itl", "e2el", "session_completion")]))
     return 0
 
 
@@ -279,11 +328,16 @@ def _capacity(args) -> int:
     return 0
 
 
-def format_summary(summary: dict) -> str:
+def format_summary(summary: dict, extra_keys=()) -> str:
     keys = ["model", "layout", "hardware", "gpus", "requests_completed", "sim_duration_s",
             "wall_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "itl_p50_s", "e2el_p50_s",
             "interactivity_p90_tok_s", "throughput_tok_s_per_gpu", "output_tok_s_per_gpu",
             "tpgs", "prefix_cache_hit_rate", "kv_cache_usage_peak", "preemptions"]
+    keys += ["sessions_completed", "session_completion_p50_s"]
+    keys += [k for k in ("requests_skipped", "goodput_req_s", "slo_attainment", "cost_usd",
+                         "usd_per_m_tokens") if summary.get(k) is not None
+             and (k != "requests_skipped" or summary[k])]
+    keys += [k for k in extra_keys if k not in keys]
     if summary.get("kv_offload_loaded_tokens"):  # offload tiers: their hits
         keys += ["prefix_cache_local_hit_rate", "kv_offload_loaded_tokens"] + \
             [k for k in summary if k.endswith(("_tier_hit_blocks", "_tier_evicted_blocks"))]

@@ -410,20 +410,25 @@ class Engine:
         Open loop: requests arrive at their trace timestamps (`open_loop=True`).
         Options: warmup_s (excluded from the summary), max_idle_s (cap on tool
         gaps), start_part_way (first sessions start at a random turn), loop_trace
-        (start over with fresh ids when sessions run out), progress (a tqdm bar).
+        (start over with fresh ids when sessions run out), progress (a tqdm bar),
+        on_oversize ("error" or "skip" requests that can never run, see oversize.py),
+        and the summary's service-level metrics (slo.py): slo ({"ttft": 2.0, ...} or
+        "ttft=2,tpot=0.05"), percentiles ((50, 90, 99)), gpu_hour_usd.
         """
         from labkit.engine.replay import replay
 
         return replay(self, trace, concurrency=concurrency, duration_s=duration_s,
                       open_loop=open_loop, **options)
 
-    def result(self, warmup_s: float = 0.0):
+    def result(self, warmup_s: float = 0.0, **metrics):
         """Requests, steps and summary of everything the engine has done so far — for
-        runs driven by hand with `submit` and `step` / `run_until`."""
+        runs driven by hand with `submit` and `step` / `run_until`. `metrics`: slo,
+        percentiles, gpu_hour_usd (see `Engine.replay`)."""
         from labkit.engine.metrics import collect_result
+        from labkit.engine.slo import metric_options
 
         return collect_result(self, warmup_s=warmup_s, end_s=max(self.now, warmup_s),
-                              wall_s=0.0)
+                              wall_s=0.0, options=metric_options(**metrics))
 
     def start_replay(self, trace, concurrency: int | None = None,
                      duration_s: float | None = None, open_loop: bool = False, **options):

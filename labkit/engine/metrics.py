@@ -115,12 +115,17 @@ def _pct(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+def measured_calls(requests: pd.DataFrame, warmup_s: float, end_s: float) -> pd.DataFrame:
+    """The calls a summary measures: completed, arrived in the window, finished by its end."""
+    done = requests[requests["completed"].astype(bool)] if len(requests) else requests
+    return done[(done["arrival_s"] >= warmup_s) & (done["finish_s"] <= end_s)] \
+        if len(done) else done
+
+
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_samples: np.ndarray, *,
               gpus: int, warmup_s: float, end_s: float, wall_s: float) -> dict:
     window = max(end_s - warmup_s, 1e-12)
-    done = requests[requests["completed"].astype(bool)] if len(requests) else requests
-    measured = done[(done["arrival_s"] >= warmup_s) & (done["finish_s"] <= end_s)] \
-        if len(done) else done
+    measured = measured_calls(requests, warmup_s, end_s)
     admitted = requests[requests["first_scheduled_s"].notna()] if len(requests) else requests
     logical = float((measured["input_tokens"] + measured["output_tokens"]).sum()) \
         if len(measured) else 0.0
@@ -209,7 +214,15 @@ def _json_default(value):
 
 
 def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
-                   extra: dict | None = None) -> ReplayResult:
+                   extra: dict | None = None, sessions: pd.DataFrame | None = None,
+                   skipped: list[dict] | None = None, options=None) -> ReplayResult:
+    """Tables and summary. `sessions`: the replay's SessionLedger table (default: read
+    off the requests); `skipped`: rows of skipped calls (a skip-mode replay, see
+    `oversize.py`); `options`: `slo.MetricOptions` (goodput, percentiles, cost)."""
+    from labkit.engine.oversize import with_skipped
+    from labkit.engine.session_ledger import sessions_from_requests
+    from labkit.engine.slo import MetricOptions, service_summary
+
     # Requests scheduled to arrive after the run ended never existed for it.
     requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
     table = request_rows(requests, with_tokens=engine.backend == "compute")
@@ -218,6 +231,14 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
     itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)
     summary = summarize(table, steps, itl, gpus=engine.gpus, warmup_s=warmup_s, end_s=end_s,
                         wall_s=wall_s)
+    summary["requests_skipped"] = len(skipped or [])
+    summary.update(service_summary(
+        measured_calls(table, warmup_s, end_s), itl,
+        sessions if sessions is not None else sessions_from_requests(table),
+        options or MetricOptions(), window=max(end_s - warmup_s, 1e-12), gpus=engine.gpus,
+        warmup_s=warmup_s, end_s=end_s))
+    if skipped is not None:
+        table = with_skipped(table, skipped)
     summary.update({"model": engine.model.name, "layout": engine.layout.text,
                     "hardware": engine.hardware.name, "backend": engine.backend,
                     "router": engine.config.router, "block_size": engine.block_size,

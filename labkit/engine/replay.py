@@ -12,6 +12,10 @@ over with fresh block ids (a *salt*): the same work, by new users.
 **Open loop**: every request with a timestamp arrives at that time, whatever the
 engine's state (Mooncake traces); requests without one follow the session rule.
 
+Calls that can never run are refused before the replay, or skipped with
+``on_oversize="skip"`` (``oversize.py`` says what that does to their sessions). A
+`SessionLedger` records when each session starts and ends, for task-level metrics.
+
 Each call inherits the prefix hint its parent left on its rank, so looking up a long
 context costs O(log n), and its trace ids (including the ids under which its
 generated tokens will be cached, see `Trace.context_ids`) become its block keys.
@@ -28,7 +32,10 @@ from tqdm.auto import tqdm
 
 from labkit.engine.kv.block_keys import ID_LIMIT, TraceBlockKeys, check_block_sizes
 from labkit.engine.metrics import ReplayResult, collect_result
+from labkit.engine.oversize import oversized_requests, plan_skips, skipped_row
 from labkit.engine.request import Request
+from labkit.engine.session_ledger import SessionLedger
+from labkit.engine.slo import MetricOptions, metric_options
 from labkit.errors import ConfigError
 
 FRESH_ID_BASE = 1 << 40  # ids the engine invents for blocks the trace does not name
@@ -38,7 +45,8 @@ class TraceFeeder:
     """Feeds one trace into an engine and reacts to finished calls."""
 
     def __init__(self, engine, trace, open_loop: bool = False,
-                 max_idle_s: float | None = None, seed: int = 0) -> None:
+                 max_idle_s: float | None = None, seed: int = 0,
+                 oversized: dict[str, str] | None = None) -> None:
         check_block_sizes(engine.block_size, trace.block_size)
         self.engine, self.trace = engine, trace
         self.open_loop = open_loop
@@ -51,19 +59,32 @@ class TraceFeeder:
         self._session_of: dict[str, str] = {}  # engine id -> session key
         self._open_calls: dict[str, int] = {}  # session key -> calls not yet finished
         self._hints: dict[str, dict] = {}  # session key -> {finished engine id: hint}
+        self.oversized = oversized or {}  # trace request id -> why it can never run
+        self.ledger = SessionLedger()
+        self.skipped_rows: list[dict] = []
         self.on_session_end = None
         engine.finish_callbacks.append(self._on_finish)
 
     # ------------------------------------------------------------- sessions
-    def start_session(self, session: list, epoch: int, at: float, skip_before: int = 0) -> None:
-        """Schedule one session's calls, skipping those anchored before main call
-        number `skip_before` (a part-way start)."""
+    def start_session(self, session: list, epoch: int, at: float, skip_before: int = 0) -> bool:
+        """Schedule one session's calls, leaving out those anchored before main call
+        number `skip_before` (a part-way start) and the skipped ones; False when no
+        call is left (the session is over at once)."""
         key = f"{session[0].session_id}@{epoch}"
+        session_id = session[0].session_id if epoch == 0 else key
         anchor = _anchors(session)
         live = [tr for tr in session if anchor[tr.request_id] >= skip_before]
+        skips = plan_skips(live, self.oversized, self.open_loop)
+        for tr in live:
+            if tr.request_id in skips:
+                self.skipped_rows.append(skipped_row(
+                    _engine_id(tr.request_id, epoch), session_id,
+                    _engine_id(tr.parent_id, epoch), tr, skips[tr.request_id]))
+        live = [tr for tr in live if tr.request_id not in skips]
         live_ids = {tr.request_id for tr in live}
         self._open_calls[key] = len(live)
         self._hints[key] = {}
+        self.ledger.opened(key, session_id, len(live), skip_before > 0, len(skips))
         releases = []
         for tr in live:
             eid = _engine_id(tr.request_id, epoch)
@@ -84,13 +105,16 @@ class TraceFeeder:
                 self._dependents.setdefault(_engine_id(p, epoch), []).append(eid)
         for eid, t in releases:
             self._release(eid, t)
-        if not live:
-            self._session_done(key, at)
+        if not live:  # nothing to wait for: over now (the caller starts the next one)
+            del self._open_calls[key], self._hints[key]
+            self.ledger.closed(key, at)
+        return bool(live)
 
     # ------------------------------------------------------------ requests
     def _release(self, eid: str, at: float) -> None:
         tr, epoch, key = self._pending.pop(eid)
         self._waiting.pop(eid, None)
+        self.ledger.released(key, at)
         parent = _engine_id(tr.parent_id, epoch)
         req = Request(
             request_id=eid, session_id=tr.session_id if epoch == 0 else key,
@@ -158,6 +182,7 @@ class TraceFeeder:
     def _session_done(self, key: str, t: float) -> None:
         del self._open_calls[key]
         del self._hints[key]
+        self.ledger.closed(key, t)
         if self.on_session_end is not None:
             self.on_session_end(t)
 
@@ -200,11 +225,14 @@ class ClosedLoop:
             self._start_next(0.0, skip)
 
     def _start_next(self, t: float, skip: int = 0) -> None:
-        epoch, index = divmod(self.next, len(self.sessions))
-        if epoch and not self.loop_trace:
-            return  # every session has been replayed once
-        self.next += 1
-        self.feeder.start_session(self.sessions[index], epoch, t, skip)
+        while True:  # past sessions whose every call is skipped
+            epoch, index = divmod(self.next, len(self.sessions))
+            if epoch and not self.loop_trace:
+                return  # every session has been replayed once
+            self.next += 1
+            if self.feeder.start_session(self.sessions[index], epoch, t, skip):
+                return
+            skip = 0
 
 
 @dataclass(slots=True)
@@ -218,6 +246,9 @@ class ReplayRun:
     warmup_s: float
     extra: dict
     wall_start: float
+    feeder: TraceFeeder
+    options: MetricOptions
+    skip_mode: bool = False
 
     @property
     def total_s(self) -> float:
@@ -232,13 +263,17 @@ class ReplayRun:
         done = not engine.has_events()
         end = self.duration_s if self.duration_s is not None and done else engine.now
         return collect_result(engine, warmup_s=self.warmup_s, end_s=end,
-                              wall_s=time.perf_counter() - self.wall_start, extra=self.extra)
+                              wall_s=time.perf_counter() - self.wall_start, extra=self.extra,
+                              sessions=self.feeder.ledger.frame(), options=self.options,
+                              skipped=self.feeder.skipped_rows if self.skip_mode else None)
 
 
 def start_replay(engine, trace, concurrency: int | None = None,
                  duration_s: float | None = None, open_loop: bool = False,
                  warmup_s: float = 0.0, max_idle_s: float | None = None,
-                 start_part_way: bool = True, loop_trace: bool = True) -> ReplayRun:
+                 start_part_way: bool = True, loop_trace: bool = True,
+                 on_oversize: str = "error", slo: str | dict | None = None,
+                 percentiles=None, gpu_hour_usd: float | None = None) -> ReplayRun:
     """Check the inputs and schedule the trace's arrivals; nothing runs yet."""
     if open_loop == (concurrency is not None):
         raise ConfigError("give either concurrency (closed loop) or open_loop=True")
@@ -249,11 +284,12 @@ def start_replay(engine, trace, concurrency: int | None = None,
     if open_loop and any(tr.timestamp is None and tr.parent_id is None for tr in trace.requests):
         raise ConfigError("open-loop replay needs a timestamp on every first call "
                           "(use a closed loop with concurrency for session traces)")
-    for tr in trace.requests:
-        engine.check_fits(tr.request_id, tr.input_length, tr.output_length)
+    options = metric_options(slo, percentiles, gpu_hour_usd)
+    oversized = oversized_requests(engine, trace, on_oversize)
 
     wall = time.perf_counter()
-    feeder = TraceFeeder(engine, trace, open_loop, max_idle_s, seed=engine.config.seed)
+    feeder = TraceFeeder(engine, trace, open_loop, max_idle_s, seed=engine.config.seed,
+                         oversized=oversized)
     if open_loop:
         for session in trace.sessions():
             feeder.start_session(session, 0, 0.0)
@@ -261,17 +297,16 @@ def start_replay(engine, trace, concurrency: int | None = None,
         ClosedLoop(feeder, concurrency, start_part_way, loop_trace)
     engine.stop_s = math.inf if duration_s is None else duration_s
     return ReplayRun(engine, trace, duration_s, warmup_s,
-                     {"concurrency": concurrency, "open_loop": open_loop}, wall)
+                     {"concurrency": concurrency, "open_loop": open_loop}, wall, feeder,
+                     options, skip_mode=on_oversize == "skip")
 
 
 def replay(engine, trace, concurrency: int | None = None, duration_s: float | None = None,
-           open_loop: bool = False, warmup_s: float = 0.0, max_idle_s: float | None = None,
-           start_part_way: bool = True, loop_trace: bool = True,
-           progress: bool = False) -> ReplayResult:
+           progress: bool = False, **options) -> ReplayResult:
     """See `Engine.replay`. Closed loop: `concurrency` sessions for `duration_s`;
-    with loop_trace=False each session runs once and duration_s may be omitted."""
-    run = start_replay(engine, trace, concurrency, duration_s, open_loop, warmup_s,
-                       max_idle_s, start_part_way, loop_trace)
+    with loop_trace=False each session runs once and duration_s may be omitted.
+    `options` are those of `start_replay`."""
+    run = start_replay(engine, trace, concurrency, duration_s, **options)
     return run.finish(progress)
 
 

@@ -415,8 +415,10 @@ def _column(values: list) -> pd.Series:
     present = [v for v in values if not _missing(v)]
     kinds = {type(v) for v in present}
     holes = len(present) < len(values)
-    if not kinds:
-        return pd.Series([None] * len(values), dtype=object)
+    if not kinds:  # a metric that is NaN in every run is still a number column
+        floats = any(isinstance(v, float) for v in values)
+        return pd.Series([math.nan if floats else None] * len(values),
+                         dtype=float if floats else object)
     if kinds == {bool}:
         return pd.Series(values, dtype="boolean" if holes else bool)
     if kinds == {int}:

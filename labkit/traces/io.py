@@ -24,11 +24,8 @@ import tempfile
 from pathlib import Path
 
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, read_objects
-from labkit.traces.mooncake import load_mooncake
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError, check_links, check_request
-
-FORMATS = ("auto", "labkit", "mooncake")
 
 LABKIT_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
     "block_size": ("integer", True, False),
@@ -46,24 +43,12 @@ LABKIT_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
 
 
 def load_trace(path: str | os.PathLike, format: str = "auto") -> Trace:
-    """Read a trace file. ``format``: "auto" (from the first line's keys),
-    "labkit" or "mooncake". Raises TraceError on the first malformed line."""
-    path = os.fspath(path)
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    if format == "auto":
-        format = _detect_format(path)
-    return load_mooncake(path) if format == "mooncake" else load_labkit(path)
+    """Read a trace file. ``format``: "auto" (from the first line), or one of
+    ``labkit.traces.formats.FORMATS`` (labkit, mooncake, bailian, azure, agentx,
+    burstgpt, splitwise). Raises TraceError on the first malformed line."""
+    from labkit.traces.formats import load  # formats import this module's loader
 
-
-def _detect_format(path: str) -> str:
-    for _, obj in read_objects(path):  # a bad first line raises its TraceError here
-        keys = set(obj)
-        if "request_id" not in keys and "block_size" not in keys and {
-                "timestamp", "hash_ids"} <= keys:
-            return "mooncake"
-        return "labkit"
-    return "labkit"  # empty file: the labkit loader reports it
+    return load(path, format)
 
 
 def load_labkit(path: str) -> Trace:

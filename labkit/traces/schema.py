@@ -77,7 +77,7 @@ class Trace:
     block_size: int
     requests: list[TraceRequest]
     source: str = field(default="", compare=False)  # path or "generated(...)"
-    format: str = "labkit"                           # "labkit" | "mooncake"
+    format: str = "labkit"                           # one of traces.formats.FORMATS
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _parent: list[int] = field(init=False, repr=False, compare=False)     # -1: none
     _successor: list[int] = field(init=False, repr=False, compare=False)  # -1: none

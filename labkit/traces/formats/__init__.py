@@ -1,0 +1,47 @@
+"""The trace formats labkit reads, each turned into the canonical trace.
+
+=========  ===================================  =================================
+format     file                                 what it gives
+=========  ===================================  =================================
+labkit     JSONL, ``TraceRequest`` fields       everything (``io.py``)
+mooncake   JSONL, 512-token ``hash_ids``        open-loop arrivals, prefix reuse
+bailian    JSONL, ``chat_id`` / parent links     conversations, 16-token ids
+azure      CSV ``TIMESTAMP,ContextTokens,...``  arrivals, token counts
+agentx     JSON trace objects (AgentX / Weka)    agent sessions, subagents, ids
+burstgpt   CSV ``Timestamp,...,Request tokens``  arrivals, token counts (sessions)
+splitwise  CSV ``arrival_timestamp,...``        arrivals, token counts
+=========  ===================================  =================================
+
+``load(path, format)`` reads any of them ("auto" tells them apart by the first line,
+see ``detect.py``); each module's docstring says how its fields map onto sessions,
+parents, subagents, delays and block ids. Ids are made chain-unique by ``Trace``
+whatever the format (``canonical.py``), so prefix reuse means the same in all.
+"""
+from __future__ import annotations
+
+import os
+
+from labkit.traces.formats.agentx_json import load_agentx
+from labkit.traces.formats.azure import load_azure
+from labkit.traces.formats.bailian import load_bailian
+from labkit.traces.formats.burstgpt import load_burstgpt
+from labkit.traces.formats.detect import detect_format
+from labkit.traces.formats.splitwise import load_splitwise
+from labkit.traces.io import load_labkit
+from labkit.traces.mooncake import load_mooncake
+from labkit.traces.schema import Trace
+
+LOADERS = {"labkit": load_labkit, "mooncake": load_mooncake, "bailian": load_bailian,
+           "azure": load_azure, "agentx": load_agentx, "burstgpt": load_burstgpt,
+           "splitwise": load_splitwise}
+FORMATS = tuple(LOADERS)
+
+
+def load(path: str | os.PathLike, format: str = "auto") -> Trace:
+    """Read a trace file in ``format`` ("auto": from its first line)."""
+    path = os.fspath(path)
+    if format not in ("auto", *FORMATS):
+        raise ValueError(f"format must be one of auto, {', '.join(FORMATS)}; got {format!r}")
+    if format == "auto":
+        format = detect_format(path, FORMATS)
+    return LOADERS[format](path)

@@ -1,0 +1,135 @@
+"""What the published trace formats have in common once they are read.
+
+Every format ends as the canonical trace (``schema.py``): requests whose prompts are
+lists of block ids. Three steps recur across formats and live here:
+
+* **CSV rows with line numbers.** Azure, BurstGPT and Splitwise publish CSV files
+  with a header. ``csv_rows`` yields each data row as a dict with its file line, so a
+  bad value is reported as ``"<path>:<line>: column 'X': ..."`` like a bad JSON line.
+* **Fresh ids for formats without hashes.** A CSV row gives only token counts: we
+  know nothing about what two prompts share, so each prompt gets block ids no other
+  prompt has (no prefix reuse is invented). ``FreshIds`` mints them.
+* **Opaque hashes made small.** Bailian's and AgentX's ids are hashes; ids at or above
+  2**40 (or negative) are renumbered densely, keeping equal ids equal, so that
+  engines can pack them with other keys. ``Trace`` then makes them chain-unique, as
+  for Mooncake (see ``canonical.py``).
+
+A row whose output length is 0 (a failed request in BurstGPT, a 0 in an Azure
+file) is loaded as a request generating **one** token: the server still received
+and prefilled it, and an engine cannot schedule a request that generates nothing.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+
+import numpy as np
+
+from labkit.traces.jsonl import open_text
+from labkit.traces.schema import Trace, TraceRequest
+from labkit.traces.streams import IdMinter
+from labkit.traces.validate import MAX_HASH_ID, TraceError, check_request
+
+# Block size given to traces whose format has no block ids: any engine block size
+# that divides it or is a multiple of it works (16, 32, 64, 128, ...).
+TOKENS_ONLY_BLOCK_SIZE = 64
+
+
+def csv_rows(path: str, required: tuple[str, ...], format_name: str
+             ) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield ``(line, row)`` for each non-blank data row of a CSV file with a header.
+
+    Raises TraceError on line 1 when a required column is missing, and on a row
+    with more or fewer cells than the header.
+    """
+    with open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(path, 1, "empty trace: no header line")
+        columns = [c.strip() for c in header]
+        missing = [c for c in required if c not in columns]
+        if missing:
+            raise TraceError(path, 1, f"{format_name} CSV needs column(s) "
+                                      f"{', '.join(map(repr, missing))}; the header has "
+                                      f"{', '.join(map(repr, columns))}")
+        for cells in reader:
+            line = reader.line_num
+            if not any(c.strip() for c in cells):
+                continue
+            if len(cells) != len(columns):
+                raise TraceError(path, line, f"{len(cells)} cells, but the header has "
+                                             f"{len(columns)} columns")
+            yield line, dict(zip(columns, (c.strip() for c in cells), strict=True))
+
+
+def float_cell(row: dict[str, str], column: str, path: str, line: int,
+               whole: bool = False) -> float:
+    """A finite number (``whole``: an integral one) from a CSV cell, or TraceError."""
+    text = row[column]
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not np.isfinite(value) or (whole and value != int(value)):
+        kind = "whole" if whole else "finite"
+        raise TraceError(path, line, f"column {column!r}: {text!r} is not a {kind} number")
+    return value
+
+
+def int_cell(row: dict[str, str], column: str, path: str, line: int) -> int:
+    """A whole number (``"12"`` or ``"12.0"``) from a CSV cell, or TraceError."""
+    return int(float_cell(row, column, path, line, whole=True))
+
+
+def output_tokens(n: int) -> int:
+    """Output length as replayed: 0 becomes 1 (see the module docstring)."""
+    return max(n, 1)
+
+
+class FreshIds:
+    """Requests of unknown content for the token-count formats: every block of every
+    prompt gets an id no other block has."""
+
+    def __init__(self, block_size: int = TOKENS_ONLY_BLOCK_SIZE) -> None:
+        self.block_size = block_size
+        self._minter = IdMinter()
+
+    def request(self, where: tuple[str, int], request_id: str, input_length: int,
+                output_length: int, timestamp: float | None, session_id: str | None = None,
+                parent_id: str | None = None, delay_s: float = 0.0) -> TraceRequest:
+        """A main call (its own session unless ``session_id``), checked on its own:
+        TraceError at ``where`` = (path, line) when malformed."""
+        req = TraceRequest(
+            session_id=session_id or request_id, request_id=request_id, parent_id=parent_id,
+            kind="main", delay_s=delay_s, input_length=input_length,
+            output_length=output_tokens(output_length),
+            hash_ids=self._minter.take(-(-max(input_length, 0) // self.block_size)),
+            timestamp=timestamp)
+        reason = check_request(req, self.block_size)
+        if reason:
+            raise TraceError(*where, reason)
+        return req
+
+    def trace(self, requests: list[TraceRequest], path: str, format_name: str) -> Trace:
+        if not requests:
+            raise TraceError(path, 2, "empty trace: no requests")
+        return Trace(self.block_size, requests, source=path, format=format_name)
+
+
+def compact_ids(hash_lists: list[np.ndarray], offset: int = 0) -> tuple[list[np.ndarray], int]:
+    """``hash_lists`` renumbered to ``offset, offset + 1, ...`` (equal ids stay equal),
+    and the next free id. Used for hashes too large (or negative) to keep."""
+    if not hash_lists:
+        return [], offset
+    flat = np.concatenate(hash_lists)
+    if len(flat) == 0:
+        return hash_lists, offset
+    distinct, dense = np.unique(flat, return_inverse=True)
+    dense = dense.astype(np.int64) + offset
+    cuts = np.cumsum([len(h) for h in hash_lists])[:-1]
+    return list(np.split(dense, cuts)), offset + len(distinct)
+
+
+def needs_compacting(hash_lists: list[np.ndarray]) -> bool:
+    return any(len(h) and (h.min() < 0 or h.max() >= MAX_HASH_ID) for h in hash_lists)

@@ -1,0 +1,45 @@
+"""Splitwise traces: the request streams of the Splitwise simulator.
+
+Splitwise (ISCA'24, ``Mutinifni/splitwise-sim``) replays request traces drawn from the
+Azure 2023 token distributions at a chosen rate, as CSV::
+
+    request_id,request_type,application_id,arrival_timestamp,batch_size,prompt_size,token_size
+    0,2,0,0.0127,1,4808,10
+
+``arrival_timestamp`` is in seconds; ``prompt_size`` / ``token_size`` are the prompt
+and output tokens. Only those three columns are required. ``batch_size`` (1 in the
+published generator) is read as that many identical requests arriving together.
+Each request is a single-call session ``sw-<request_id>`` (the file line when there
+is no ``request_id`` column) with fresh block ids: the format says nothing about
+shared content.
+"""
+from __future__ import annotations
+
+from labkit.traces.formats.common import FreshIds, csv_rows, float_cell, int_cell
+from labkit.traces.schema import Trace, TraceRequest
+from labkit.traces.validate import TraceError
+
+SPLITWISE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
+
+
+def load_splitwise(path: str) -> Trace:
+    """Read a Splitwise CSV trace (TraceError names the first bad line)."""
+    fresh = FreshIds()
+    requests: list[TraceRequest] = []
+    line_of: dict[str, int] = {}
+    for line, row in csv_rows(path, SPLITWISE_COLUMNS, "Splitwise"):
+        name = row.get("request_id") or str(line)
+        if name in line_of:
+            raise TraceError(path, line, f"duplicate request_id {name!r} (first at line "
+                                         f"{line_of[name]})")
+        line_of[name] = line
+        copies = int_cell(row, "batch_size", path, line) if row.get("batch_size") else 1
+        if copies < 1:
+            raise TraceError(path, line, f"column 'batch_size': {copies} must be >= 1")
+        for copy in range(copies):
+            requests.append(fresh.request(
+                (path, line), f"sw-{name}" if copies == 1 else f"sw-{name}.{copy}",
+                int_cell(row, "prompt_size", path, line),
+                int_cell(row, "token_size", path, line),
+                timestamp=float_cell(row, "arrival_timestamp", path, line)))
+    return fresh.trace(requests, path, "splitwise")
