@@ -18,7 +18,7 @@ stderr before anything runs, with exit code 2, and nothing is written.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
 import sys
 import types
@@ -124,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=True, help="start the first sessions at a random turn")
     replay.add_argument("--loop-trace", action=argparse.BooleanOptionalAction, default=True,
                         help="closed loop: start over with fresh ids when sessions run out")
-    replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json")
+    replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json "
+                                      "into this folder (all three or none)")
+    replay.add_argument("--overwrite", action="store_true",
+                        help="replace the results an --out folder already holds")
     replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: on for a terminal)")
@@ -179,13 +182,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: nothing half-written was left (labkit.outputs)
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
 def _trace(args) -> int:
+    from labkit.outputs import strict_json
     from labkit.traces import generate_agentx_trace, load_trace, trace_stats, write_trace
 
     if args.trace_command == "gen":
+        from labkit.outputs import check_regular_target
+
+        check_regular_target(args.out)  # before any work: a device or FIFO stays as it is
         if args.sessions < 1:
             raise ConfigError(f"--sessions {args.sessions} must be >= 1")
         from labkit.traces import TINY_AGENTX
@@ -199,7 +209,7 @@ def _trace(args) -> int:
         return 0
     stats = trace_stats(load_trace(args.file, format=args.format))
     if args.json:
-        print(json.dumps(stats, default=_plain))
+        print(strict_json(stats, default=_plain))
     else:
         width = max(len(k) for k in stats)
         for key, value in stats.items():
@@ -229,31 +239,36 @@ def _generator_params(pairs: list[str]) -> dict:
 
 def _replay(args) -> int:
     from labkit.engine import Engine
+    from labkit.outputs import OutDir, strict_json
     from labkit.traces import load_trace
 
     if args.concurrency is not None and args.duration_s is None and args.loop_trace:
         raise ConfigError("--concurrency needs --duration-s (or --no-loop-trace)")
-    trace = load_trace(args.trace, format=args.format)
-    compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
-               if getattr(args, k) is not None}
-    engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
-                    backend=args.backend, cost_model=args.cost_model, **compute,
-                    **knobs_from_args(args))
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
-    result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
-                           open_loop=args.open_loop, warmup_s=args.warmup_s,
-                           max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
-                           loop_trace=args.loop_trace, progress=progress)
-    if args.out:
-        result.save(args.out)
+    with contextlib.ExitStack() as stack:
+        # the results folder is claimed (checked, locked) before anything runs
+        out = stack.enter_context(OutDir(args.out, args.overwrite)) if args.out else None
+        trace = load_trace(args.trace, format=args.format)
+        compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
+                   if getattr(args, k) is not None}
+        engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
+                        backend=args.backend, cost_model=args.cost_model, **compute,
+                        **knobs_from_args(args))
+        progress = sys.stderr.isatty() if args.progress is None else args.progress
+        result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
+                               open_loop=args.open_loop, warmup_s=args.warmup_s,
+                               max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
+                               loop_trace=args.loop_trace, progress=progress)
+        if out is not None:
+            out.write(result.write_files)
     if args.json:
-        print(json.dumps(result.summary, default=_plain))
+        print(strict_json(result.summary, default=_plain))
     else:
         print(format_summary(result.summary))
     return 0
 
 
 def _capacity(args) -> int:
+    from labkit.outputs import strict_json
     from labkit.engine.capacity import capacity
 
     layouts = [s for s in args.layout.split(",") if s.strip()]
@@ -262,7 +277,7 @@ def _capacity(args) -> int:
                         num_speculative_tokens=args.num_speculative_tokens)
                for layout in layouts]
     if args.json:
-        print(json.dumps(reports[0] if len(reports) == 1 else reports, default=_plain))
+        print(strict_json(reports[0] if len(reports) == 1 else reports, default=_plain))
         return 0
     gib = 1 << 30
     print(f"{args.model} on {args.hardware}, one request of {args.context:,} tokens "
