@@ -24,6 +24,7 @@ import sys
 import types
 import typing
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.validate import TraceError
 from labkit.specs.config import knob_fields
@@ -201,7 +202,9 @@ def _trace(args) -> int:
         from labkit.traces import TINY_AGENTX
 
         knobs = {**(TINY_AGENTX if args.tiny else {}), **_generator_params(args.param)}
-        block_size = args.block_size or (16 if args.tiny else 64)
+        block_size = args.block_size if args.block_size is not None else \
+            16 if args.tiny else 64
+        checks.integer("--block-size", block_size, low=1)
         trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=block_size,
                                       **knobs)
         write_trace(trace, args.out)
@@ -239,6 +242,7 @@ def _generator_params(pairs: list[str]) -> dict:
 
 def _replay(args) -> int:
     from labkit.engine import Engine
+    from labkit.engine.replay import check_replay_args
     from labkit.outputs import OutDir, strict_json
     from labkit.traces import load_trace
 
@@ -253,6 +257,8 @@ def _replay(args) -> int:
         engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
                         backend=args.backend, cost_model=args.cost_model, **compute,
                         **knobs_from_args(args))
+        check_replay_args(engine, args.concurrency, args.duration_s, args.open_loop,
+                          args.warmup_s, args.max_idle_s, spell=checks.flag)
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                                open_loop=args.open_loop, warmup_s=args.warmup_s,

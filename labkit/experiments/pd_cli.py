@@ -19,6 +19,7 @@ import contextlib
 
 import pandas as pd
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.specs.hardware import HARDWARE_PRESETS
 
@@ -92,7 +93,10 @@ def run_pd_command(args, knobs: dict) -> int:
 
 
 def _run(args, knobs: dict, trace, progress: bool) -> dict[str, pd.DataFrame]:
-    from labkit.experiments.rate_matching import pd_profile, pd_sweep, saturation_table
+    from labkit.experiments.rate_matching import check_run_length, pd_profile, pd_sweep, \
+        saturation_table
+
+    check_run_length(args.duration_s, args.warmup_s, spell=checks.flag)
 
     tables: dict[str, pd.DataFrame] = {}
     if args.pd_command == "profile":

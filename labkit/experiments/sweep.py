@@ -41,6 +41,7 @@ repeated value list, an OUT directory that already holds files (without
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
 import json
@@ -169,6 +170,42 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict[str, dict]:
     return inspect_notebook(str(path))
 
 
+def check_value_types(name: str, values: list, parameter: dict) -> None:
+    """Each value must have the type of the notebook's default for it (an int knob gets
+    ints, not 'abc', 1.5 or True; a float knob finite numbers); a default of None, or
+    one that is not a literal, takes anything."""
+    kind = _default_type(parameter)
+    for value in values:
+        if kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value)
+        else:
+            ok = kind is None or isinstance(value, kind)
+        if not ok:
+            raise SweepInputError(
+                f"-p {name} {value!r}: the notebook's {name} is {_A[kind]} (default "
+                f"{parameter['default']}); give {_A[kind].split(' ', 1)[1]}s, "
+                f"or quote a value to make it a string")
+
+
+_A = {int: "an int", float: "a float", str: "a str", bool: "a bool"}
+
+
+def _default_type(parameter: dict):
+    """int, float, str or bool, from the parameter's annotation or default; None when
+    either says nothing definite."""
+    named = {"int": int, "float": float, "str": str, "bool": bool}
+    if parameter.get("inferred_type_name") in named:
+        return named[parameter["inferred_type_name"]]
+    try:
+        default = ast.literal_eval(str(parameter.get("default")))
+    except (ValueError, SyntaxError):
+        return None
+    return type(default) if type(default) in _A else None
+
+
 def run_name(index: int, count: int, point: dict, varying: list[str]) -> str:
     width = max(2, len(str(max(count - 1, 0))))
     parts = [f"{name}={_UNSAFE.sub('_', _text(point[name]))}" for name in varying]
@@ -204,6 +241,7 @@ def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
         keys = [_text(v) + type(v).__name__ for v in values]
         if len(set(keys)) != len(keys):
             raise SweepInputError(f"-p {name}: a value is repeated in {list(values)!r}")
+        check_value_types(name, values, defined[name])
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SweepInputError(f"--out {str(out)!r} exists and is not a directory")

@@ -9,6 +9,7 @@ rejected with the knob's name and what it accepts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from fractions import Fraction
 
@@ -105,6 +106,8 @@ class EngineConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             _check_type(f.name, f.type, value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}={value} must be a finite number")
             if choices and value not in choices:
                 raise ConfigError(
                     f"{f.name}={value!r} is not allowed; allowed: {', '.join(choices)}"
@@ -113,7 +116,7 @@ class EngineConfig:
                   "dcp_kv_cache_interleave_size")
         _positive_or_none(self, "block_size", "num_gpu_blocks_override", "max_model_len",
                           "decode_context_parallel_size")
-        _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens")
+        _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens", "seed")
         if self.cpu_kv_gib < 0 or self.disk_kv_gib < 0:
             raise ConfigError(f"cpu_kv_gib={self.cpu_kv_gib} and disk_kv_gib="
                               f"{self.disk_kv_gib} must be >= 0")

@@ -27,6 +27,7 @@ Every layer's paged cache is indexed by the same block ids, one page per logical
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -296,6 +297,21 @@ def check_window_support(spec, layout) -> None:
         raise ConfigError(f"{spec.name}: the compute plane runs sliding-window layers as "
                           "GQA without DCP (a DCP shard's positions are not the window's); "
                           f"got attention={spec.attention!r}, dcp={layout.dcp}")
+
+
+def check_kv_memory(device: str, bytes_per_gpu: float, gpus: int) -> None:
+    """Refuse paged caches that cannot be allocated: on a CPU every GPU's cache lives in
+    this machine's memory; on CUDA each in its device's memory."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        need, have = bytes_per_gpu, torch.cuda.get_device_properties(0).total_memory
+        where = "a CUDA device's"
+    else:
+        need = bytes_per_gpu * gpus
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        where = "this machine's"
+    if need > have:
+        raise ConfigError(f"num_gpu_blocks_override: the paged KV caches would take "
+                          f"{need / 2**30:,.1f} GiB, more than {where} {have / 2**30:,.1f} GiB")
 
 
 def check_device(device: str) -> torch.device:
