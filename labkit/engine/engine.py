@@ -203,6 +203,7 @@ class Engine:
             if compute:
                 offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
                 offload.intact = offload.on_moves.intact
+                offload.fetch = offload.on_moves.fetch
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload

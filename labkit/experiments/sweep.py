@@ -50,6 +50,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -59,6 +60,7 @@ from pathlib import Path
 import pandas as pd
 
 from labkit.errors import ConfigError
+from labkit.experiments.workers import stop_workers, worker_init
 
 OUTPUT_PARAMETER = "output_dir"
 RESERVED_COLUMNS = ("run", "status", "error", "run_s")
@@ -332,7 +334,10 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     """Run every point of the grid and return the results table (also written to
     OUT/results.parquet). `parameters`: name -> list of values (Python objects).
     `progress`: a tqdm bar over runs (None: when stderr is a terminal). Failures are
-    printed to `log` (default stderr) as they happen and kept in the table."""
+    printed to `log` (default stderr) as they happen and kept in the table.
+
+    Ctrl-C (KeyboardInterrupt) stops the runs in progress, removes their folders,
+    writes the table of the runs that finished and raises `SweepInterrupted`."""
     if not isinstance(jobs, int) or jobs < 1:
         raise SweepInputError(f"--jobs {jobs!r} must be a positive integer")
     plan = plan_sweep(notebook, parameters, out, overwrite=overwrite)
@@ -341,7 +346,20 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     outcomes = _execute(plan, jobs, progress, timeout, log)
     frame = collect_results(plan, outcomes)
     write_parquet_atomic(frame, plan.out / RESULTS_FILE)
+    if None in outcomes:
+        for name, outcome in zip(plan.names, outcomes):
+            if outcome is None:  # started or not, it did not finish: no half-run folder
+                shutil.rmtree(plan.out / name, ignore_errors=True)
+        raise SweepInterrupted(len(frame), len(outcomes), plan.out / RESULTS_FILE)
     return frame
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep: `finished` of `total` runs are in `results`."""
+
+    def __init__(self, finished: int, total: int, results: Path) -> None:
+        super().__init__(f"{finished} of {total} runs finished; results in {results}")
+        self.finished, self.total, self.results = finished, total, results
 
 
 def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
@@ -357,16 +375,19 @@ def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
 
 
 def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float | None,
-             log) -> list[RunOutcome]:
+             log) -> list[RunOutcome | None]:
+    """Each point's outcome, in grid order; None for the points Ctrl-C left unfinished."""
     from tqdm.auto import tqdm
 
     outcomes: dict[str, RunOutcome] = {}
     show = sys.stderr.isatty() if progress is None else progress
-    # spawn: workers start clean (no inherited threads or kernel state), on every OS
-    context = multiprocessing.get_context("spawn")
-    with tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show) as bar, \
-            ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
-                                mp_context=context) as pool:
+    # spawn: workers start clean (no inherited threads or kernel state), on every OS;
+    # each dies with this process (workers.py), its kernel with it
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
+                               mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_init, initargs=(os.getpid(),))
+    bar = tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show)
+    try:
         with _main_module_hidden():  # workers start on submit
             futures = {
                 pool.submit(execute_run, str(plan.notebook), str(plan.out / name), point,
@@ -390,7 +411,17 @@ def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float |
                     print(message, file=log, flush=True)
             bar.update(1)
             bar.set_postfix(failed=failed, refresh=False)
-    return [outcomes[name] for name in plan.names]
+    except KeyboardInterrupt:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
+        try:
+            stop_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    finally:
+        bar.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [outcomes.get(name) for name in plan.names]
 
 
 @contextlib.contextmanager
@@ -427,10 +458,13 @@ def flatten(summary: dict, prefix: str = "") -> dict:
     return flat
 
 
-def collect_results(plan: SweepPlan, outcomes: list[RunOutcome]) -> pd.DataFrame:
+def collect_results(plan: SweepPlan, outcomes: list[RunOutcome | None]) -> pd.DataFrame:
+    """One row per finished run (a None outcome: the run did not finish)."""
     taken = set(plan.parameters) | set(RESERVED_COLUMNS)
     rows = []
     for point, outcome in zip(plan.points, outcomes):
+        if outcome is None:
+            continue
         row = dict(point)
         row.update(run=outcome.name, status=outcome.status, error=outcome.error,
                    run_s=outcome.seconds)

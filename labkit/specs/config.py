@@ -68,6 +68,9 @@ class EngineConfig:
     kv_offload_dir: str | None = knob(
         None, "compute plane: where the disk tier writes its block files (default: a "
         "temporary directory)")
+    kv_offload_strict: bool = knob(
+        False, "compute plane: stop with an error when the disk tier cannot write a block "
+        "or finds one damaged (default: recompute it, warn once, count it in the summary)")
     kv_layout: str = knob(
         "per_layer", "KV memory layout: one buffer per layer (a block is one region per "
         "layer) or packed (a block's layers contiguous: one copy descriptor per block)",

@@ -35,6 +35,7 @@ import torch
 
 from labkit.engine.compute.drafter import ngram_drafts
 from labkit.engine.compute.group import VirtualCluster
+from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.checkpoint import load_safetensors
 from labkit.engine.compute.models.weights import init_weights
@@ -78,6 +79,9 @@ class ComputeDataPlane:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
         self.cluster = VirtualCluster(self.mesh.world_size)
+        # what the weights are, for the disk tier's namespace (kv_namespace.py)
+        self.weights_id = weights_identity(config.seed, checkpoint, weights) \
+            if config.disk_kv_gib else ""
         if weights is None:
             weights = (load_safetensors(checkpoint, spec, dtype=self.dtype) if checkpoint
                        else init_weights(spec, config.seed, self.dtype))
@@ -278,7 +282,9 @@ class ComputeDataPlane:
     def tier_bytes(self, directory: str | None = None) -> TierBytes:
         """The KV offload tiers' bytes (host tensors, block files), kept in step with
         the control plane's tier moves; closed with the plane."""
-        self.tiers = TierBytes(self, directory)
+        identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
+                               self.block_size, self.device, self.weights_id)
+        self.tiers = TierBytes(self, directory, identity, self.config.kv_offload_strict)
         return self.tiers
 
     def release(self, request_id: str) -> None:

@@ -146,6 +146,15 @@ class BlockPool:
         """The physical block holding `key`, or -1."""
         return self._cached.get(key, -1)
 
+    def unchanged(self, blocks, generations):
+        """Elementwise: is block[i] still the one handed out at generations[i]? False
+        for a block this pool never handed out (one another pool's hint names)."""
+        blocks, generations = np.asarray(blocks), np.asarray(generations)
+        known = blocks < len(self.generation)
+        same = np.zeros(blocks.shape, dtype=bool)
+        same[known] = self.generation[blocks[known]] == generations[known]
+        return same
+
     def holds(self, blocks: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Elementwise: does block[i] still hold keys[i]?"""
         return self.block_key[blocks] == keys
