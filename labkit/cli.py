@@ -69,8 +69,16 @@ def knobs_from_args(args) -> dict:
             if getattr(args, name) is not None}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors (a flag's value of the wrong type, a missing flag) in
+    one line like every other labkit error, instead of after the whole usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="labkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     trace = sub.add_parser("trace", help="generate traces and describe them")

@@ -138,6 +138,23 @@ def test_a_bad_value_is_one_line_and_exit_2_before_anything_runs(traces, capsys,
     assert not (traces["folder"] / "new.jsonl").exists()
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["replay", "--trace", "t", "--model", "m", "--concurrency", "1.5"],
+     ["--concurrency", "invalid int value: '1.5'"]),
+    (["replay", "--trace", "t", "--model", "m", "--num-gpu-blocks", "1e12",
+      "--concurrency", "1"], ["--num-gpu-blocks", "'1e12'"]),
+    (["trace", "gen", "--sessions", "two", "--out", "x"], ["--sessions"]),
+    (["replay", "--model", "m", "--concurrency", "1"], ["--trace"]),
+])
+def test_a_flag_argparse_refuses_is_one_line_too(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1
+    for word in words:
+        assert word in lines[0]
+
+
 SWEEP_NOTEBOOK = "notebooks/experiments/agentx_replay.ipynb"
 
 
