@@ -279,3 +279,20 @@ def test_ctrl_c_during_a_replay_says_interrupted_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130
     assert err.strip() == "labkit: interrupted"
     assert not (tmp_path / "deep").exists()  # no results, no lock, no parent made for them
+
+
+def test_without_an_atomic_exchange_a_kill_between_renames_is_repaired(tmp_path, monkeypatch):
+    """Where renameat2 is missing the old folder is renamed aside, then the new one into
+    place; a writer killed in between leaves the old run aside, and the next writer
+    puts it back before anything else."""
+    import labkit.outputs as outputs
+
+    out = tmp_path / "run"
+    save(result("old"), out)
+    monkeypatch.setattr(outputs, "_exchange", lambda a, b: False)
+    save(result("new"), out)  # the fallback path, start to end
+    assert run_of(out) == "new" and hidden_siblings(out) == []
+    out.rename(tmp_path / ".run.old-4242")  # the state a kill between the renames leaves
+    with outputs.OutDir(out, overwrite=True):
+        assert run_of(out) == "new"  # restored when the folder was claimed
+    assert hidden_siblings(out) == []
