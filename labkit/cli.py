@@ -316,6 +316,9 @@ def format_summary(summary: dict) -> str:
     if summary.get("kv_offload_loaded_tokens"):  # offload tiers: their hits
         keys += ["prefix_cache_local_hit_rate", "kv_offload_loaded_tokens"] + \
             [k for k in summary if k.endswith(("_tier_hit_blocks", "_tier_evicted_blocks"))]
+    # a disk tier that degraded (damaged blocks recomputed, writes that failed)
+    keys += [k for k in summary if k.endswith(("_tier_corrupt_blocks",
+                                               "_tier_unwritable_blocks")) and summary[k]]
     width = max(len(k) for k in keys)
     return "\n".join(f"{k:<{width}}  {_fmt(summary.get(k))}" for k in keys)
 
