@@ -23,12 +23,13 @@ stderr before anything runs, with exit code 2, and nothing is written.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
 import sys
 import types
 import typing
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.formats import FORMATS
 from labkit.traces.load_cli import add_load_flags
@@ -76,8 +77,16 @@ def knobs_from_args(args) -> dict:
             if getattr(args, name) is not None}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors (a flag's value of the wrong type, a missing flag) in
+    one line like every other labkit error, instead of after the whole usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="labkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     trace = sub.add_parser("trace", help="generate traces and describe them")
@@ -144,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--percentiles", help="extra percentiles, e.g. 50,90,99")
     replay.add_argument("--gpu-hour-usd", type=float, help="price of a GPU-hour: cost per "
                                                             "million tokens in the summary")
-    replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json")
+    replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json "
+                                      "into this folder (all three or none)")
+    replay.add_argument("--overwrite", action="store_true",
+                        help="replace the results an --out folder already holds")
     replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: on for a terminal)")
@@ -199,13 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: nothing half-written was left (labkit.outputs)
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
 def _trace(args) -> int:
+    from labkit.outputs import strict_json
     from labkit.traces import generate_agentx_trace, load_trace, trace_stats, write_trace
 
+    from labkit.outputs import check_regular_target
+
     if args.trace_command == "convert":
+        check_regular_target(args.output, "OUTPUT")  # before reading: a device stays as it is
         trace = load_trace(args.input, format=args.format)
         write_trace(trace, args.output)
         print(f"wrote {len(trace.requests)} requests in {len(trace.sessions())} sessions "
@@ -214,6 +233,7 @@ def _trace(args) -> int:
     if args.trace_command == "gen" and args.kind != "agentx":
         from labkit.traces.load_cli import generate_load
 
+        check_regular_target(args.out)
         trace = generate_load(args)
         write_trace(trace, args.out)
         print(f"wrote {len(trace.requests)} requests in {len(trace.sessions())} sessions "
@@ -227,10 +247,13 @@ def _trace(args) -> int:
                               f"(use --param NAME=VALUE)")
         if args.sessions is None or args.sessions < 1:
             raise ConfigError(f"--kind agentx needs --sessions N >= 1, got {args.sessions}")
+        check_regular_target(args.out)  # before any work: a device or FIFO stays as it is
         from labkit.traces import TINY_AGENTX
 
         knobs = {**(TINY_AGENTX if args.tiny else {}), **_generator_params(args.param)}
-        block_size = args.block_size or (16 if args.tiny else 64)
+        block_size = args.block_size if args.block_size is not None else \
+            16 if args.tiny else 64
+        checks.integer("--block-size", block_size, low=1)
         trace = generate_agentx_trace(args.sessions, seed=args.seed, block_size=block_size,
                                       **knobs)
         write_trace(trace, args.out)
@@ -238,7 +261,7 @@ def _trace(args) -> int:
         return 0
     stats = trace_stats(load_trace(args.file, format=args.format))
     if args.json:
-        print(json.dumps(stats, default=_plain))
+        print(strict_json(stats, default=_plain))
     else:
         width = max(len(k) for k in stats)
         for key, value in stats.items():
@@ -268,6 +291,8 @@ def _generator_params(pairs: list[str]) -> dict:
 
 def _replay(args) -> int:
     from labkit.engine import Engine
+    from labkit.engine.replay import check_replay_args
+    from labkit.outputs import OutDir, strict_json
     from labkit.traces import load_trace
 
     if args.concurrency is not None and args.duration_s is None and args.loop_trace:
@@ -275,23 +300,28 @@ def _replay(args) -> int:
     from labkit.engine.slo import metric_options
 
     metric_options(args.slo, args.percentiles, args.gpu_hour_usd)  # bad values: before loading
-    trace = load_trace(args.trace, format=args.format)
-    compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
-               if getattr(args, k) is not None}
-    engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
-                    backend=args.backend, cost_model=args.cost_model, **compute,
-                    **knobs_from_args(args))
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
-    result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
-                           open_loop=args.open_loop, warmup_s=args.warmup_s,
-                           max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
-                           loop_trace=args.loop_trace, progress=progress,
-                           on_oversize=args.on_oversize, slo=args.slo,
-                           percentiles=args.percentiles, gpu_hour_usd=args.gpu_hour_usd)
-    if args.out:
-        result.save(args.out)
+    with contextlib.ExitStack() as stack:
+        # the results folder is claimed (checked, locked) before anything runs
+        out = stack.enter_context(OutDir(args.out, args.overwrite)) if args.out else None
+        trace = load_trace(args.trace, format=args.format)
+        compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
+                   if getattr(args, k) is not None}
+        engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
+                        backend=args.backend, cost_model=args.cost_model, **compute,
+                        **knobs_from_args(args))
+        check_replay_args(engine, args.concurrency, args.duration_s, args.open_loop,
+                          args.warmup_s, args.max_idle_s, spell=checks.flag)
+        progress = sys.stderr.isatty() if args.progress is None else args.progress
+        result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
+                               open_loop=args.open_loop, warmup_s=args.warmup_s,
+                               max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
+                               loop_trace=args.loop_trace, progress=progress,
+                               on_oversize=args.on_oversize, slo=args.slo,
+                               percentiles=args.percentiles, gpu_hour_usd=args.gpu_hour_usd)
+        if out is not None:
+            out.write(result.write_files)
     if args.json:
-        print(json.dumps(result.summary, default=_plain))
+        print(strict_json(result.summary, default=_plain))
     else:
         from labkit.engine.slo import metric_options, percentile_key
 
@@ -303,6 +333,7 @@ def _replay(args) -> int:
 
 
 def _capacity(args) -> int:
+    from labkit.outputs import strict_json
     from labkit.engine.capacity import capacity
 
     layouts = [s for s in args.layout.split(",") if s.strip()]
@@ -311,7 +342,7 @@ def _capacity(args) -> int:
                         num_speculative_tokens=args.num_speculative_tokens)
                for layout in layouts]
     if args.json:
-        print(json.dumps(reports[0] if len(reports) == 1 else reports, default=_plain))
+        print(strict_json(reports[0] if len(reports) == 1 else reports, default=_plain))
         return 0
     gib = 1 << 30
     print(f"{args.model} on {args.hardware}, one request of {args.context:,} tokens "
@@ -341,6 +372,9 @@ def format_summary(summary: dict, extra_keys=()) -> str:
     if summary.get("kv_offload_loaded_tokens"):  # offload tiers: their hits
         keys += ["prefix_cache_local_hit_rate", "kv_offload_loaded_tokens"] + \
             [k for k in summary if k.endswith(("_tier_hit_blocks", "_tier_evicted_blocks"))]
+    # a disk tier that degraded (damaged blocks recomputed, writes that failed)
+    keys += [k for k in summary if k.endswith(("_tier_corrupt_blocks",
+                                               "_tier_unwritable_blocks")) and summary[k]]
     width = max(len(k) for k in keys)
     return "\n".join(f"{k:<{width}}  {_fmt(summary.get(k))}" for k in keys)
 

@@ -21,3 +21,21 @@ def small_agentx(sessions: int = 6, seed: int = 0, block_size: int = 16):
     from labkit import generate_agentx_trace
 
     return generate_agentx_trace(sessions, seed=seed, block_size=block_size, **SMALL_AGENTX)
+
+
+class FixedStepCost:
+    """Every step takes the same time (10 ms), whatever the layout: runs of different
+    layouts of one DP rank then schedule identically (same batches, same preemptions),
+    and a fuzzed run costs only the control plane's work."""
+
+    min_step_s = 0.01
+
+    def step_timing(self, work, lockstep):
+        import numpy as np
+
+        from labkit.engine.sim.work import StepTiming
+
+        steps, ranks = work.idle.shape
+        busy = np.full((steps, ranks), self.min_step_s)
+        zero = np.zeros((steps, ranks))
+        return StepTiming(busy, busy.copy(), zero, np.full(steps, self.min_step_s), zero)

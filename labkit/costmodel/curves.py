@@ -16,11 +16,27 @@ rounded by IEEE 754), floor/ceil, minimum/maximum and where.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+
+from labkit.errors import ConfigError
+
+
+_INF = float("inf")
 
 
 def as_array(x) -> np.ndarray:
-    """Numeric shape argument as float64 (ints stay exact below 2**53)."""
+    """Numeric shape argument as float64 (ints stay exact below 2**53). Sizes, counts
+    and degrees are finite and >= 0: a negative one would price a negative time."""
+    if type(x) is int or type(x) is float:  # the common scalar: a cheap check
+        ok = 0 <= x < _INF
+    else:
+        x = np.asarray(x, dtype=np.float64)
+        ok = x.size == 0 or 0 <= x.min() and x.max() < _INF  # (NaN fails both)
+    if not ok:
+        op = sys._getframe(1).f_code.co_name  # the CostModel method (only on this path)
+        raise ConfigError(f"CostModel.{op}: sizes must be finite numbers >= 0, got {x!r}")
     return np.asarray(x, dtype=np.float64)
 
 

@@ -44,6 +44,7 @@ from labkit.engine.metrics import ReplayResult
 from labkit.engine.request import Request, Status
 from labkit.engine.transfer import PrefixTransfer
 from labkit.errors import ConfigError
+from labkit.specs.layout import MAX_GPUS, Layout
 
 PD_TRANSFER_LATENCY_S = 100e-6  # RDMA set-up and the first bytes of one call's KV
 PD_LINK_EFFICIENCY = 0.8
@@ -61,6 +62,8 @@ class PDEngine:
         for name, n in (("num_prefill", num_prefill), ("num_decode", num_decode)):
             if not isinstance(n, int) or n < 1:
                 raise ConfigError(f"{name}={n!r} must be an integer >= 1")
+        check_pd_size(Layout.parse(prefill_layout), Layout.parse(decode_layout), num_prefill,
+                      num_decode)
         p_knobs = {**knobs, **(prefill_knobs or {})}
         d_knobs = {**knobs, **(decode_knobs or {})}
         self.prefill = [Engine(model, prefill_layout, hardware, backend, cost_model,
@@ -102,6 +105,11 @@ class PDEngine:
     @property
     def gpus(self) -> int:
         return sum(e.gpus for e in self.prefill + self.decode)
+
+    @property
+    def running_slots(self) -> int:
+        """Calls that can run at once: the decode groups' slots (each call ends there)."""
+        return sum(e.running_slots for e in self.decode)
 
     @property
     def num_blocks_per_rank(self) -> int:
@@ -317,6 +325,23 @@ def transfer_seconds(prefill: Engine, decode: Engine, tokens: int) -> float:
     return PD_TRANSFER_LATENCY_S + max(send, receive) / PD_LINK_EFFICIENCY + convert + issue
 
 
+def check_decode_layout(layout, where: str) -> None:
+    """A decode layout cannot split the prompt by tokens (PCP is for prefill)."""
+    if layout.pcp > 1:
+        raise ConfigError(f"{where}: a decode layout cannot split the prompt by tokens "
+                          f"(pcp{layout.pcp}); PCP is a prefill layout — use DCP, TP, DP "
+                          f"or DEP for decode")
+
+
+def check_pd_size(prefill_layout, decode_layout, num_prefill: int, num_decode: int) -> None:
+    """Refuse a P/D system larger than any deployment labkit simulates (MAX_GPUS)."""
+    gpus = num_prefill * prefill_layout.gpus + num_decode * decode_layout.gpus
+    if gpus > MAX_GPUS:
+        raise ConfigError(f"P:D ratio {num_prefill}:{num_decode} needs {gpus:,} GPUs "
+                          f"({num_prefill} x {prefill_layout.text} + {num_decode} x "
+                          f"{decode_layout.text}); labkit simulates at most {MAX_GPUS:,}")
+
+
 def check_pd_pair(prefill: Engine, decode: Engine) -> None:
     """Refuse, before anything runs, a prefill and a decode deployment whose KV cannot
     be handed from one to the other."""
@@ -329,10 +354,7 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
         raise ConfigError(f"{where}: kv_cache_dtype differs ({p.config.kv_dtype()} vs "
                           f"{d.config.kv_dtype()}); the decode side would need a requantising "
                           f"pass labkit does not model")
-    if d.layout.pcp > 1:
-        raise ConfigError(f"{where}: a decode layout cannot split the prompt by tokens "
-                          f"(pcp{d.layout.pcp}); PCP is a prefill layout — use DCP, TP, DP "
-                          f"or DEP for decode")
+    check_decode_layout(d.layout, where)
     if p.max_model_len > d.max_model_len:
         raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
                           f"decode only {d.max_model_len} (max_model_len)")

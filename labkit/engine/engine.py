@@ -26,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import operator
 from collections.abc import Callable
 
+from labkit import checks
 from labkit.engine.capacity import kv_capacity
 from labkit.engine.events import EventBus, RequestArrived, RequestFinished
 from labkit.engine.hybrid_kv import attach_hybrid_kv, hybrid_summary
@@ -74,6 +76,7 @@ class Engine:
         self.model = get_model(model)
         self.hardware = get_hardware(hardware)
         self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
+        _check_offload_dir(self.config, backend)
         self.layout = _with_dcp_knob(Layout.parse(layout), self.config.decode_context_parallel_size)
         self.layout.check_model(self.model)
         check_sliding_window(self.model, self.layout, self.config)
@@ -200,6 +203,7 @@ class Engine:
             if compute:
                 offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
                 offload.intact = offload.on_moves.intact
+                offload.fetch = offload.on_moves.fetch
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload
@@ -207,14 +211,17 @@ class Engine:
     def _compute_plane(self, opts: dict):
         """The compute data plane, with its KV blocks capped to what fits in
         `COMPUTE_KV_BUDGET_BYTES` per GPU (unless num_gpu_blocks_override says)."""
-        from labkit.engine.compute.data_plane import ComputeDataPlane, check_dtype
+        from labkit.engine.compute.data_plane import ComputeDataPlane, check_dtype, \
+            check_kv_memory
 
         dtype = check_dtype(opts.get("dtype", "float32"))
+        per_token = self.placement.kv_bytes_per_token_per_gpu() / \
+            dtype_bytes(self.config.kv_dtype()) * dtype.itemsize
         if self.config.num_gpu_blocks_override is None:
-            per_token = self.placement.kv_bytes_per_token_per_gpu() / \
-                dtype_bytes(self.config.kv_dtype()) * dtype.itemsize
             fit = int(COMPUTE_KV_BUDGET_BYTES // max(per_token * self.block_size, 1))
             self.num_blocks = max(1, min(self.num_blocks, fit))
+        check_kv_memory(opts.get("device", "cpu"), self.num_blocks * self.block_size * per_token,
+                        self.layout.gpus)
         clock = opts.get("clock", "measured")
         return ComputeDataPlane(
             self.model, self.layout, self.config, self.num_blocks, self.block_size,
@@ -225,6 +232,11 @@ class Engine:
     @property
     def gpus(self) -> int:
         return self.layout.gpus
+
+    @property
+    def running_slots(self) -> int:
+        """Requests that can run at once: max_num_seqs on every DP rank."""
+        return self.config.max_num_seqs * self.layout.num_dp_ranks
 
     @property
     def num_blocks_per_rank(self) -> int:
@@ -284,8 +296,10 @@ class Engine:
         """Submit one call given by its token ids (its block keys are hashed from them,
         so equal prefixes hit the prefix cache); the compute plane generates its
         output. Returns the Request (its `output_token_ids` fill in as it runs)."""
-        token_ids = [int(t) for t in token_ids]
+        token_ids = _check_prompt(token_ids, self.model.vocab_size)
+        checks.integer("max_output_tokens", max_output_tokens, low=1)
         request_id = request_id or f"prompt-{len(self.requests)}"
+        self.check_fits(request_id, len(token_ids), max_output_tokens)
         req = Request(request_id=request_id, session_id=session_id or request_id,
                       num_prompt_tokens=len(token_ids), max_output_tokens=max_output_tokens,
                       arrival_s=self.now if at is None else at)
@@ -438,6 +452,34 @@ class Engine:
 
         return start_replay(self, trace, concurrency=concurrency, duration_s=duration_s,
                             open_loop=open_loop, **options)
+
+
+def _check_offload_dir(config: EngineConfig, backend: str) -> None:
+    """kv_offload_dir names where block files go: only the compute plane's disk tier
+    writes any, and one that is not configured writes none."""
+    if config.kv_offload_dir is None:
+        return
+    if backend != "compute":
+        raise ConfigError("kv_offload_dir only applies to backend='compute' (the simulated "
+                          "disk tier keeps no bytes); drop it, or run the compute backend")
+    if not config.disk_kv_gib:
+        raise ConfigError("kv_offload_dir is where the disk tier writes its blocks: set "
+                          "disk_kv_gib (and cpu_kv_gib) too, or drop it")
+
+
+def _check_prompt(token_ids, vocab_size: int) -> list[int]:
+    """A prompt's token ids as ints, refused when empty or outside [0, vocab_size)."""
+    try:
+        ids = [operator.index(t) for t in token_ids]
+    except TypeError:
+        raise ConfigError("token_ids must be integers") from None
+    if not ids:
+        raise ConfigError("token_ids is empty: a prompt needs at least one token")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ConfigError(f"token id {bad} is outside the model's vocabulary "
+                          f"[0, {vocab_size})")
+    return ids
 
 
 def _with_dcp_knob(layout: Layout, dcp: int | None) -> Layout:

@@ -23,7 +23,6 @@ read off the engine's requests when the result is collected.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -194,23 +193,23 @@ class ReplayResult:
     steps: pd.DataFrame
     summary: dict = field(default_factory=dict)
 
-    def save(self, out_dir: str | os.PathLike) -> None:
-        """Write requests.parquet, steps.parquet and summary.json into out_dir."""
-        os.makedirs(out_dir, exist_ok=True)
+    def save(self, out_dir: str | os.PathLike, overwrite: bool = False) -> None:
+        """Write requests.parquet, steps.parquet and summary.json into out_dir, all
+        three or none (`labkit.outputs.OutDir`): refused if out_dir already holds
+        results, unless `overwrite`, or while another run writes there."""
+        from labkit.outputs import OutDir
+
+        with OutDir(out_dir, overwrite=overwrite, flag="out_dir") as out:
+            out.write(self.write_files)
+
+    def write_files(self, folder: str | os.PathLike) -> None:
+        """The three files, written into `folder` as they are (see `save`)."""
+        from labkit.outputs import strict_json
+
         for name, frame in (("requests", self.requests), ("steps", self.steps)):
-            tmp = os.path.join(out_dir, f".{name}.parquet.tmp")
-            frame.to_parquet(tmp, index=False)
-            os.replace(tmp, os.path.join(out_dir, f"{name}.parquet"))
-        tmp = os.path.join(out_dir, ".summary.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(self.summary, f, indent=2, default=_json_default)
-        os.replace(tmp, os.path.join(out_dir, "summary.json"))
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
+            frame.to_parquet(os.path.join(folder, f"{name}.parquet"), index=False)
+        with open(os.path.join(folder, "summary.json"), "w") as f:
+            f.write(strict_json(self.summary, indent=2))
 
 
 def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,

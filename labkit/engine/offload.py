@@ -49,8 +49,10 @@ class Offload:
         # rank -> its sliding-window tables (a loaded prefix brings its window along)
         self.snapshots_of: Callable[[int], object] | None = None
         self.window_of: Callable[[int], object] | None = None
-        # compute plane: (store, key) -> are the bytes of a disk block intact?
+        # compute plane: (store, key) -> are the bytes of a disk block intact? and
+        # (store, keys) -> the disk blocks of a load that fail their check when it starts
         self.intact: Callable[[int, int], bool] | None = None
+        self.fetch: Callable[[int, list[int]], list[int]] | None = None
         self._intact: set[tuple[int, int]] = set()  # checked already
         self.events = events
         self.prefill_seconds = prefill_seconds
@@ -82,8 +84,7 @@ class Offload:
             self._moved(store, moves, now)
 
     def _moved(self, store: NodeStore, moves: list, now: float) -> None:
-        if self.on_moves is not None:
-            self.on_moves(store.index, moves)
+        self._apply(store, moves)
         if self.events.wants(KVOffloaded):
             count = {k: sum(m.kind == k for m in moves) for k in ("store", "demote", "drop")}
             self.events.emit(KVOffloaded(now, store.index, count["store"], count["demote"],
@@ -182,23 +183,33 @@ class Offload:
         return costs
 
     def _load(self, req, store: NodeStore, first: int, found: list[int], load_s: float,
-              now: float, window: tuple[list, list] = ([], [])) -> float:
+              now: float, window: tuple[list, list] = ([], [])) -> float | None:
+        """Start the load (the request's blocks are allocated); None when one of its
+        disk blocks no longer reads back intact: that block is forgotten and the
+        scheduler asks again (loading less, or recomputing)."""
         rank, n = req.rank, len(found)
-        self._located.pop(req.request_id, None)
-        start = max(now, self._link_free_s[rank])  # one load at a time per rank's links
-        self._link_free_s[rank] = start + load_s
         keys = req.keys.keys(first, first + n).tolist()
         blocks = self.block_table(req)[first:first + n]
-        req.num_offload_tokens = n * self.block_size
         levels = found
         if window[0]:  # into the window pages the request holds behind its prefix's end
             end, tables = first + n, self.window_of(rank)
             pages = tables.pages_of(req.request_id, max(0, end - tables.hit_blocks), end)
             keys, blocks = keys + window[0], np.concatenate([blocks, pages])
             levels = found + window[1]
+        if self.fetch is not None:  # read now what the load copies: damage since the offer
+            damaged = self.fetch(store.index, [k for k, level in zip(keys, levels)
+                                               if store.tiers[level].name == "disk"])
+            if damaged:
+                for key in damaged:
+                    store.forget(key)
+                    self._intact.discard((store.index, key))
+                return None
+        self._located.pop(req.request_id, None)
+        start = max(now, self._link_free_s[rank])  # one load at a time per rank's links
+        self._link_free_s[rank] = start + load_s
+        req.num_offload_tokens = n * self.block_size
         moves = store.take(keys, rank, blocks)
-        if self.on_moves is not None:
-            self.on_moves(store.index, moves)
+        self._apply(store, moves)
         if self.events.wants(KVLoaded):
             by_tier = {t.name: found.count(i) * self.block_size
                        for i, t in enumerate(store.tiers) if i in found}
@@ -207,13 +218,23 @@ class Offload:
                                       tuple(store.tiers[i].name for i in levels)))
         return start + load_s - now
 
+    def _apply(self, store: NodeStore, moves: list) -> None:
+        """Hand the moves to the data plane; blocks the disk could not write are in no
+        tier after all (the data plane warned, once)."""
+        if self.on_moves is None:
+            return
+        disk = len(store.tiers) - 1
+        for key in self.on_moves(store.index, moves) or ():
+            if store.level(key) == disk:
+                store.forget(key, "unwritable_blocks")
+
     # --------------------------------------------------------------- report
     def summary(self) -> dict:
         out = {}
         for name in [t.name for t in self.stores[0].tiers]:
             stats = [s.stats()[name] for s in self.stores]
             for field in ("stored_blocks", "hit_blocks", "evicted_blocks", "dropped_blocks",
-                          "promoted_blocks", "corrupt_blocks"):
+                          "promoted_blocks", "corrupt_blocks", "unwritable_blocks"):
                 out[f"{name}_tier_{field}"] = sum(getattr(x, field) for x in stats)
         return out
 

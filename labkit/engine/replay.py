@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from labkit import checks
 from labkit.engine.kv.block_keys import ID_LIMIT, TraceBlockKeys, check_block_sizes
 from labkit.engine.metrics import ReplayResult, collect_result
 from labkit.engine.oversize import oversized_requests, plan_skips, skipped_row
@@ -39,6 +40,7 @@ from labkit.engine.slo import MetricOptions, metric_options
 from labkit.errors import ConfigError
 
 FRESH_ID_BASE = 1 << 40  # ids the engine invents for blocks the trace does not name
+SESSIONS_PER_SLOT = 64  # closed loop: most sessions in flight per running slot
 
 
 class TraceFeeder:
@@ -275,10 +277,7 @@ def start_replay(engine, trace, concurrency: int | None = None,
                  on_oversize: str = "error", slo: str | dict | None = None,
                  percentiles=None, gpu_hour_usd: float | None = None) -> ReplayRun:
     """Check the inputs and schedule the trace's arrivals; nothing runs yet."""
-    if open_loop == (concurrency is not None):
-        raise ConfigError("give either concurrency (closed loop) or open_loop=True")
-    if concurrency is not None and concurrency < 1:
-        raise ConfigError(f"concurrency={concurrency} must be >= 1")
+    check_replay_args(engine, concurrency, duration_s, open_loop, warmup_s, max_idle_s)
     if concurrency is not None and duration_s is None and loop_trace:
         raise ConfigError("a closed-loop replay needs duration_s (or loop_trace=False)")
     if open_loop and any(tr.timestamp is None and tr.parent_id is None for tr in trace.requests):
@@ -299,6 +298,26 @@ def start_replay(engine, trace, concurrency: int | None = None,
     return ReplayRun(engine, trace, duration_s, warmup_s,
                      {"concurrency": concurrency, "open_loop": open_loop}, wall, feeder,
                      options, skip_mode=on_oversize == "skip")
+
+
+def check_replay_args(engine, concurrency, duration_s, open_loop, warmup_s, max_idle_s,
+                      spell=str) -> None:
+    """Refuse replay arguments that would run forever or report nonsense, naming each as
+    `spell(name)` (the CLI spells them as its flags). A closed loop keeps at most
+    `SESSIONS_PER_SLOT` sessions per running slot (max_num_seqs on every DP rank) in
+    flight: beyond that they only wait in the queue, and cost memory all the same."""
+    if not isinstance(open_loop, bool):
+        raise ConfigError(f"{spell('open_loop')}={open_loop!r} must be True or False")
+    if open_loop == (concurrency is not None):
+        raise ConfigError("give either concurrency (closed loop) or open_loop=True")
+    checks.integer(spell("concurrency"), concurrency, low=1,
+                   high=SESSIONS_PER_SLOT * engine.running_slots, none=True)
+    checks.number(spell("duration_s"), duration_s, low=0, low_open=True, none=True)
+    checks.number(spell("warmup_s"), warmup_s, low=0)
+    if duration_s is not None and warmup_s >= duration_s:
+        raise ConfigError(f"{spell('warmup_s')}={warmup_s} leaves nothing to measure: it must "
+                          f"be below {spell('duration_s')}={duration_s}")
+    checks.number(spell("max_idle_s"), max_idle_s, low=0, none=True)
 
 
 def replay(engine, trace, concurrency: int | None = None, duration_s: float | None = None,

@@ -191,9 +191,14 @@ class Scheduler:
             if transfer is not None:  # hold the blocks now, compute once the KV has arrived
                 if not self.kv.allocate(req, transfer.tokens - cached, match, copied=True):
                     break
+                before, req.num_computed_tokens = req.num_computed_tokens, transfer.tokens
+                seconds = transfer.admit(req, self.now)
+                if seconds is None:  # the copy cannot be made after all (a damaged tier
+                    req.num_computed_tokens = before  # block, now forgotten): release
+                    self.kv.free(req)  # the blocks and ask the sources again
+                    continue
                 self.waiting.pop()
-                req.num_computed_tokens = transfer.tokens
-                req.kv_ready_s = self.now + transfer.admit(req, self.now)
+                req.kv_ready_s = self.now + seconds
                 self._start(req)
                 continue
             if not self.kv.allocate(req, n, match):

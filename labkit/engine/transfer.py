@@ -24,7 +24,9 @@ from labkit.engine.events import KVFetched
 class PrefixTransfer:
     tokens: int  # prefix tokens held once the copy lands (those cached here included)
     seconds: float  # the copy's duration, as estimated when offered
-    admit: Callable[[object, float], float]  # (request, now) -> seconds until it lands
+    # (request, now) -> seconds until it lands; None when the copy cannot be made after
+    # all (the scheduler then releases the blocks and asks the sources again)
+    admit: Callable[[object, float], float | None]
 
 
 def best_transfer(offers) -> PrefixTransfer | None:

@@ -78,8 +78,9 @@ def run_sweep_command(args) -> int:
     except ConfigError as err:
         print(f"labkit sweep: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("labkit sweep: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # SweepInterrupted once runs began: what finished
+        print(f"labkit sweep: interrupted{'; ' + str(stop) if str(stop) else ''}",
+              file=sys.stderr)
         return 130
     failed = int((results["status"] != "ok").sum())
     total = len(results)

@@ -15,13 +15,17 @@ both roles. Bad input exits 2 before anything runs.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+import contextlib
 
 import pandas as pd
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.specs.hardware import HARDWARE_PRESETS
+
+# what each command writes into --out (other files there are kept)
+TABLE_FILES = {"profile": ("profile.parquet", "saturation.parquet"),
+               "sweep": ("sweep.parquet",)}
 
 
 def add_pd_parser(subparsers, add_knob_flags) -> None:
@@ -53,7 +57,10 @@ def add_pd_parser(subparsers, add_knob_flags) -> None:
         p.add_argument("--warmup-s", type=float,
                        help="seconds of each point left out of its figures (default: a "
                             "fifth of --duration-s)")
-        p.add_argument("--out", help="write the tables as parquet into this folder")
+        p.add_argument("--out", help="write the tables as parquet into this folder (all or "
+                                     "none)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace the tables an --out folder already holds")
         p.add_argument("--json", action="store_true", help="print the tables as JSON")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
         add_knob_flags(p)
@@ -62,11 +69,35 @@ def add_pd_parser(subparsers, add_knob_flags) -> None:
 def run_pd_command(args, knobs: dict) -> int:
     import sys
 
-    from labkit.experiments.rate_matching import pd_profile, pd_sweep, saturation_table
+    from labkit.outputs import OutDir, strict_json
     from labkit.traces import load_trace
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    trace = load_trace(args.trace)
+    with contextlib.ExitStack() as stack:
+        # the results folder is claimed (checked, locked) before anything runs
+        out = stack.enter_context(OutDir(args.out, args.overwrite,
+                                         results=TABLE_FILES[args.pd_command])) \
+            if args.out else None
+        tables = _run(args, knobs, load_trace(args.trace), progress)
+        if out is not None:
+            out.write(lambda folder: _write_tables(tables, folder))
+    if args.json:
+        print(strict_json({k: t.to_dict(orient="records") for k, t in tables.items()},
+                          default=float))
+    else:
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            for name, table in tables.items():
+                print(f"== {name}")
+                print(table.round(4).to_string(index=False))
+    return 0
+
+
+def _run(args, knobs: dict, trace, progress: bool) -> dict[str, pd.DataFrame]:
+    from labkit.experiments.rate_matching import check_run_length, pd_profile, pd_sweep, \
+        saturation_table
+
+    check_run_length(args.duration_s, args.warmup_s, spell=checks.flag)
+
     tables: dict[str, pd.DataFrame] = {}
     if args.pd_command == "profile":
         grid = _ints(args.concurrency, "--concurrency")
@@ -85,20 +116,12 @@ def run_pd_command(args, knobs: dict) -> int:
                                    count=args.count, concurrency=args.concurrency,
                                    duration_s=args.duration_s, progress=progress,
                                    warmup_s=args.warmup_s, **knobs)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
-            table.to_parquet(out / f"{name}.parquet")
-    if args.json:
-        print(json.dumps({k: t.to_dict(orient="records") for k, t in tables.items()},
-                         default=float))
-    else:
-        with pd.option_context("display.width", 200, "display.max_columns", 30):
-            for name, table in tables.items():
-                print(f"== {name}")
-                print(table.round(4).to_string(index=False))
-    return 0
+    return tables
+
+
+def _write_tables(tables: dict[str, pd.DataFrame], folder) -> None:
+    for name, table in tables.items():
+        table.to_parquet(folder / f"{name}.parquet")
 
 
 def _layouts(text: str) -> list[str]:

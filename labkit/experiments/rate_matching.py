@@ -26,7 +26,9 @@ import math
 import pandas as pd
 from tqdm.auto import tqdm
 
-from labkit.engine.disagg import PDEngine, transfer_seconds
+from labkit import checks
+from labkit.engine.disagg import PDEngine, check_decode_layout, check_pd_size, \
+    transfer_seconds
 from labkit.engine.engine import Engine
 from labkit.engine.transfer import PrefixTransfer
 from labkit.errors import ConfigError
@@ -100,10 +102,13 @@ def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h2
     less than `gain` (relative), or, for decode, once the KV cache preempts."""
     if not prefill_layouts and not decode_layouts:
         raise ConfigError("pd_profile needs at least one prefill or decode layout")
+    check_run_length(duration_s, warmup_s)
     plan = [("prefill", lay) for lay in prefill_layouts] + \
         [("decode", lay) for lay in decode_layouts]
     for role, layout in plan:  # refuse bad layouts before the long part
-        role_engine(role, model, layout, hardware, **knobs)
+        engine = role_engine(role, model, layout, hardware, **knobs)
+        if role == "decode":
+            check_decode_layout(engine.layout, f"decode layout {layout!r}")
     rows = []
     bar = tqdm(total=len(plan) * len(concurrency), desc="pd profile", disable=not progress)
     for role, layout in plan:
@@ -150,7 +155,10 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
     """Phase 2: replay the whole P/D system at each candidate (P, D). Without `ratios`,
     the candidates surround `P/D = decode_rate / prefill_rate` from `profile` (run
     here when not given). One row per candidate."""
-    PDEngine(model, prefill_layout, decode_layout, hardware, 1, 1, **knobs)  # check the pair
+    check_run_length(duration_s, warmup_s)
+    pair = PDEngine(model, prefill_layout, decode_layout, hardware, 1, 1, **knobs)
+    for p, d in ratios or ():  # refuse a system too large before anything runs
+        check_pd_size(pair.prefill[0].layout, pair.decode[0].layout, int(p), int(d))
     target = math.nan
     rates = None
     if ratios is None:
@@ -189,6 +197,13 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
             "kv_pd_transferred_tokens": s["kv_pd_transferred_tokens"],
         })
     return pd.DataFrame(rows)
+
+
+def check_run_length(duration_s: float, warmup_s: float | None, spell=str) -> None:
+    """Each point's simulated seconds: finite and > 0; its warm-up below them."""
+    checks.number(spell("duration_s"), duration_s, low=0, low_open=True)
+    checks.number(spell("warmup_s"), warmup_s, low=0, none=True)
+    _warmup(duration_s, warmup_s)
 
 
 def _warmup(duration_s: float, warmup_s: float | None) -> float:

@@ -41,6 +41,7 @@ repeated value list, an OUT directory that already holds files (without
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
 import json
@@ -49,6 +50,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -58,6 +60,7 @@ from pathlib import Path
 import pandas as pd
 
 from labkit.errors import ConfigError
+from labkit.experiments.workers import stop_workers, worker_init
 
 OUTPUT_PARAMETER = "output_dir"
 RESERVED_COLUMNS = ("run", "status", "error", "run_s")
@@ -169,6 +172,42 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict[str, dict]:
     return inspect_notebook(str(path))
 
 
+def check_value_types(name: str, values: list, parameter: dict) -> None:
+    """Each value must have the type of the notebook's default for it (an int knob gets
+    ints, not 'abc', 1.5 or True; a float knob finite numbers); a default of None, or
+    one that is not a literal, takes anything."""
+    kind = _default_type(parameter)
+    for value in values:
+        if kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value)
+        else:
+            ok = kind is None or isinstance(value, kind)
+        if not ok:
+            raise SweepInputError(
+                f"-p {name} {value!r}: the notebook's {name} is {_A[kind]} (default "
+                f"{parameter['default']}); give {_A[kind].split(' ', 1)[1]}s, "
+                f"or quote a value to make it a string")
+
+
+_A = {int: "an int", float: "a float", str: "a str", bool: "a bool"}
+
+
+def _default_type(parameter: dict):
+    """int, float, str or bool, from the parameter's annotation or default; None when
+    either says nothing definite."""
+    named = {"int": int, "float": float, "str": str, "bool": bool}
+    if parameter.get("inferred_type_name") in named:
+        return named[parameter["inferred_type_name"]]
+    try:
+        default = ast.literal_eval(str(parameter.get("default")))
+    except (ValueError, SyntaxError):
+        return None
+    return type(default) if type(default) in _A else None
+
+
 def run_name(index: int, count: int, point: dict, varying: list[str]) -> str:
     width = max(2, len(str(max(count - 1, 0))))
     parts = [f"{name}={_UNSAFE.sub('_', _text(point[name]))}" for name in varying]
@@ -204,6 +243,7 @@ def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
         keys = [_text(v) + type(v).__name__ for v in values]
         if len(set(keys)) != len(keys):
             raise SweepInputError(f"-p {name}: a value is repeated in {list(values)!r}")
+        check_value_types(name, values, defined[name])
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SweepInputError(f"--out {str(out)!r} exists and is not a directory")
@@ -294,7 +334,10 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     """Run every point of the grid and return the results table (also written to
     OUT/results.parquet). `parameters`: name -> list of values (Python objects).
     `progress`: a tqdm bar over runs (None: when stderr is a terminal). Failures are
-    printed to `log` (default stderr) as they happen and kept in the table."""
+    printed to `log` (default stderr) as they happen and kept in the table.
+
+    Ctrl-C (KeyboardInterrupt) stops the runs in progress, removes their folders,
+    writes the table of the runs that finished and raises `SweepInterrupted`."""
     if not isinstance(jobs, int) or jobs < 1:
         raise SweepInputError(f"--jobs {jobs!r} must be a positive integer")
     plan = plan_sweep(notebook, parameters, out, overwrite=overwrite)
@@ -303,7 +346,20 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     outcomes = _execute(plan, jobs, progress, timeout, log)
     frame = collect_results(plan, outcomes)
     write_parquet_atomic(frame, plan.out / RESULTS_FILE)
+    if None in outcomes:
+        for name, outcome in zip(plan.names, outcomes):
+            if outcome is None:  # started or not, it did not finish: no half-run folder
+                shutil.rmtree(plan.out / name, ignore_errors=True)
+        raise SweepInterrupted(len(frame), len(outcomes), plan.out / RESULTS_FILE)
     return frame
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep: `finished` of `total` runs are in `results`."""
+
+    def __init__(self, finished: int, total: int, results: Path) -> None:
+        super().__init__(f"{finished} of {total} runs finished; results in {results}")
+        self.finished, self.total, self.results = finished, total, results
 
 
 def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
@@ -319,16 +375,19 @@ def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
 
 
 def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float | None,
-             log) -> list[RunOutcome]:
+             log) -> list[RunOutcome | None]:
+    """Each point's outcome, in grid order; None for the points Ctrl-C left unfinished."""
     from tqdm.auto import tqdm
 
     outcomes: dict[str, RunOutcome] = {}
     show = sys.stderr.isatty() if progress is None else progress
-    # spawn: workers start clean (no inherited threads or kernel state), on every OS
-    context = multiprocessing.get_context("spawn")
-    with tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show) as bar, \
-            ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
-                                mp_context=context) as pool:
+    # spawn: workers start clean (no inherited threads or kernel state), on every OS;
+    # each dies with this process (workers.py), its kernel with it
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
+                               mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_init, initargs=(os.getpid(),))
+    bar = tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show)
+    try:
         with _main_module_hidden():  # workers start on submit
             futures = {
                 pool.submit(execute_run, str(plan.notebook), str(plan.out / name), point,
@@ -352,7 +411,17 @@ def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float |
                     print(message, file=log, flush=True)
             bar.update(1)
             bar.set_postfix(failed=failed, refresh=False)
-    return [outcomes[name] for name in plan.names]
+    except KeyboardInterrupt:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
+        try:
+            stop_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    finally:
+        bar.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [outcomes.get(name) for name in plan.names]
 
 
 @contextlib.contextmanager
@@ -389,10 +458,13 @@ def flatten(summary: dict, prefix: str = "") -> dict:
     return flat
 
 
-def collect_results(plan: SweepPlan, outcomes: list[RunOutcome]) -> pd.DataFrame:
+def collect_results(plan: SweepPlan, outcomes: list[RunOutcome | None]) -> pd.DataFrame:
+    """One row per finished run (a None outcome: the run did not finish)."""
     taken = set(plan.parameters) | set(RESERVED_COLUMNS)
     rows = []
     for point, outcome in zip(plan.points, outcomes):
+        if outcome is None:
+            continue
         row = dict(point)
         row.update(run=outcome.name, status=outcome.status, error=outcome.error,
                    run_s=outcome.seconds)

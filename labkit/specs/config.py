@@ -9,6 +9,7 @@ rejected with the knob's name and what it accepts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from fractions import Fraction
 
@@ -67,6 +68,9 @@ class EngineConfig:
     kv_offload_dir: str | None = knob(
         None, "compute plane: where the disk tier writes its block files (default: a "
         "temporary directory)")
+    kv_offload_strict: bool = knob(
+        False, "compute plane: stop with an error when the disk tier cannot write a block "
+        "or finds one damaged (default: recompute it, warn once, count it in the summary)")
     kv_layout: str = knob(
         "per_layer", "KV memory layout: one buffer per layer (a block is one region per "
         "layer) or packed (a block's layers contiguous: one copy descriptor per block)",
@@ -105,6 +109,8 @@ class EngineConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             _check_type(f.name, f.type, value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name}={value} must be a finite number")
             if choices and value not in choices:
                 raise ConfigError(
                     f"{f.name}={value!r} is not allowed; allowed: {', '.join(choices)}"
@@ -113,7 +119,7 @@ class EngineConfig:
                   "dcp_kv_cache_interleave_size")
         _positive_or_none(self, "block_size", "num_gpu_blocks_override", "max_model_len",
                           "decode_context_parallel_size")
-        _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens")
+        _at_least(self, 0, "long_prefill_token_threshold", "num_speculative_tokens", "seed")
         if self.cpu_kv_gib < 0 or self.disk_kv_gib < 0:
             raise ConfigError(f"cpu_kv_gib={self.cpu_kv_gib} and disk_kv_gib="
                               f"{self.disk_kv_gib} must be >= 0")

@@ -14,9 +14,11 @@ A layout string names parallelism degrees joined by ``x``: ``tp8``, ``dp8``,
   ``ep16``. DP ranks that share experts must step in **lockstep**.
 - ``kvpp`` each layer's KV owned by one rank of the TP group.
 
-GPU count: ``dp * tp * pcp * pp``. This module parses and checks a layout's
-*structure*; which rank holds which KV, weights and experts, and what a step
-communicates, is the layouts module's job (engine/layouts.py, a later issue).
+GPU count: ``dp * tp * pcp * pp``, at most `MAX_GPUS` (every rank keeps state in a
+run; beyond that a simulation only grows, and no deployment is that large). This
+module parses and checks a layout's *structure*; which rank holds which KV, weights
+and experts, and what a step communicates, is the layouts module's job
+(engine/layouts.py, a later issue).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from labkit.errors import ConfigError
 DIMENSIONS = ("dp", "tp", "pp", "ep", "dcp", "pcp", "dep", "kvpp")
 _TOKEN = re.compile(r"^([a-z]+)(\d+)$")
 _EXAMPLES = "e.g. 'tp8', 'dp8', 'dep16', 'tp4xpp2', 'pcp8xdcp8xep8'"
+MAX_GPUS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,9 @@ class Layout:
             )
         if self.tp % self.kvpp:
             raise ConfigError(f"layout {self.text!r}: kvpp{self.kvpp} must divide tp{self.tp}")
+        if self.gpus > MAX_GPUS:
+            raise ConfigError(f"layout {self.text!r} has {self.gpus:,} GPUs; labkit simulates "
+                              f"deployments of at most {MAX_GPUS:,} GPUs")
 
     # ----------------------------------------------------------------- derived
     @property

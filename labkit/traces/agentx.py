@@ -37,6 +37,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from labkit import checks
 from labkit.traces.agentx_params import AgentXParams
 from labkit.traces.agentx_session import SessionBuilder
 from labkit.traces.schema import Trace, TraceRequest
@@ -83,10 +84,8 @@ def generate_agentx_trace(num_sessions: int, seed: int = 0, block_size: int = 64
     ``knobs`` override ``AgentXParams`` fields (documented there); an unknown
     knob raises TypeError. Deterministic in (num_sessions, seed, block_size, knobs).
     """
-    if num_sessions < 1:
-        raise ValueError("num_sessions must be >= 1")
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
+    checks.integer("num_sessions", num_sessions, low=1)
+    checks.integer("block_size", block_size, low=1)
     p = AgentXParams(**knobs)
     rng = np.random.default_rng(seed)
     plans = plan_sessions(num_sessions, p, rng)

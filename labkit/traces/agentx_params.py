@@ -23,7 +23,10 @@ and the threshold cannot have a 142K median without prefix reuse falling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from labkit import checks
+from labkit.errors import ConfigError
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,17 +91,29 @@ class AgentXParams:
     max_delay_s: float = 900.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.subagent_session_share <= 1.0:
-            raise ValueError("subagent_session_share must be in [0, 1]")
+        """Refuse knobs that make no workload, naming the knob (a ConfigError)."""
+        for f in fields(self):
+            name, value = f.name, getattr(self, f.name)
+            if name.endswith(("_prob", "_share")):
+                checks.number(name, value, low=0.0, high=1.0)
+            elif name.endswith("_sigma"):
+                checks.number(name, value, low=0.0)
+            elif name.endswith(("_median", "_median_s", "_mean")) or name == "explore_turns":
+                checks.number(name, value, low=0.0, low_open=True)
+            elif name.endswith("_max"):
+                checks.number(name, value, low=1)
+            else:  # token counts, delays
+                checks.number(name, value, low=0)
         if self.subagents_per_spawning_mean < 1.0:
-            raise ValueError("subagents_per_spawning_mean must be >= 1")
+            raise ConfigError("subagents_per_spawning_mean must be >= 1")
         if self.parallel_subagents_mean < 1.0:
-            raise ValueError("parallel_subagents_mean must be >= 1")
+            raise ConfigError("parallel_subagents_mean must be >= 1")
         if not 2 <= self.main_calls_min <= self.main_calls_max:
-            raise ValueError("need 2 <= main_calls_min <= main_calls_max")
+            raise ConfigError("need 2 <= main_calls_min <= main_calls_max")
         if self.compact_threshold_tokens + self.output_max >= self.context_window_tokens:
-            raise ValueError("compact_threshold_tokens + output_max must leave room "
-                             "in context_window_tokens")
+            raise ConfigError(f"compact_threshold_tokens + output_max must leave room in "
+                              f"context_window_tokens (got {self.compact_threshold_tokens} + "
+                              f"{self.output_max} >= {self.context_window_tokens})")
 
 
 # Knobs of a *miniature* agentic workload for the compute plane on a CPU: the same

@@ -104,8 +104,11 @@ def _line(req: TraceRequest, block_size: int) -> str:
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` as labkit JSONL (gzipped if the name ends in .gz), atomically
-    (temp file + rename)."""
-    target = Path(path)
+    (temp file + rename), and only as a regular file: a device, FIFO or directory
+    at ``path`` is refused, not replaced."""
+    from labkit.outputs import check_regular_target
+
+    target = check_regular_target(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -37,21 +38,47 @@ def open_text(path: str):
     return open(path, encoding="utf-8")
 
 
+def read_lines(path: str) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` for every line (1-based), decoded as UTF-8.
+
+    Whatever is wrong with the bytes becomes a TraceError naming the file (and the
+    line, where the damage is on one): text in another encoding (UTF-16, Latin-1),
+    binary data, a gzip file that is truncated, corrupt, or not gzip at all. A UTF-8
+    byte-order mark is allowed."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    line_no = 0
+    with opener(path, "rb") as f:
+        try:
+            for line_no, raw in enumerate(f, start=1):
+                if line_no == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                    raise TraceError(path, 1, "the file is UTF-16 text; traces are UTF-8 "
+                                              "(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
+                try:
+                    yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as e:
+                    raise TraceError(path, line_no, f"not UTF-8 text (byte {raw[e.start]:#04x} "
+                                                    f"at column {e.start + 1}); binary data, or "
+                                                    "another encoding such as Latin-1") from None
+        except (OSError, EOFError, zlib.error) as e:  # gzip: truncated, corrupt, not gzip
+            raise TraceError(path, line_no + 1, f"damaged gzip file ({e})") from None
+
+
 def read_objects(path: str) -> Iterator[tuple[int, dict]]:
     """Yield ``(line_number, object)`` for each non-blank line (1-based)."""
-    with open_text(path) as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(path, line_no,
-                                 f"invalid JSON: {e.msg} (column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(path, line_no,
-                                 f"expected a JSON object, got {type(obj).__name__}")
-            yield line_no, obj
+    for line_no, text in read_lines(path):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(path, line_no,
+                             f"invalid JSON: {e.msg} (column {e.colno})") from None
+        except RecursionError:
+            raise TraceError(path, line_no, "JSON nested too deeply") from None
+        if not isinstance(obj, dict):
+            raise TraceError(path, line_no,
+                             f"expected a JSON object, got {type(obj).__name__}")
+        yield line_no, obj
 
 
 def check_fields(obj: dict, spec: FieldSpec, path: str, line: int) -> None:

@@ -11,6 +11,13 @@ clock (open loop), and multi-turn reuse shows up only as shared leading ids.
 
 We load each line as its own single-call session: ``session_id = request_id =
 "mc-<line number>"``, kind "main", no parent, delay 0, ``timestamp`` in seconds.
+
+Traces exported from other systems sometimes carry *absolute* Unix timestamps
+instead (nanoseconds, microseconds, milliseconds or seconds since 1970). Read as
+milliseconds from the start, a nanosecond stamp puts the run 1.7e15 s in, where a
+float's spacing is a quarter of a second and every latency comes out as 0. The unit
+is recognised by the size of the earliest stamp — no relative trace starts years in —
+and such a trace is rebased to its first arrival (`EPOCH_UNITS`).
 """
 from __future__ import annotations
 
@@ -19,6 +26,11 @@ from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError, check_request
 
 MOONCAKE_BLOCK_SIZE = 512
+
+# (smallest earliest stamp, stamps per second) of absolute Unix timestamps, by unit:
+# a stamp at least this large is that unit since 1970 (1e9 s is 2001; as milliseconds
+# from a trace's start it would be 11.6 days before its first request).
+EPOCH_UNITS = ((10**17, 10**9), (10**14, 10**6), (10**11, 10**3), (10**9, 1))
 
 MOONCAKE_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
     "timestamp": ("number", True, False),
@@ -31,6 +43,7 @@ MOONCAKE_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
 def load_mooncake(path: str) -> Trace:
     """Read a Mooncake JSONL trace (raises TraceError on the first bad line)."""
     requests: list[TraceRequest] = []
+    stamps: list[int | float] = []
     for line_no, obj in read_objects(path):
         check_fields(obj, MOONCAKE_FIELDS, path, line_no)
         rid = f"mc-{line_no}"
@@ -43,6 +56,19 @@ def load_mooncake(path: str) -> Trace:
         if reason:
             raise TraceError(path, line_no, reason)
         requests.append(req)
+        stamps.append(obj["timestamp"])
     if not requests:
         raise TraceError(path, 1, "empty trace: no requests")
+    _rebase_epoch_stamps(requests, stamps)
     return Trace(MOONCAKE_BLOCK_SIZE, requests, source=path, format="mooncake")
+
+
+def _rebase_epoch_stamps(requests: list[TraceRequest], stamps: list) -> None:
+    """Absolute Unix stamps (see the module doc) become seconds from the first
+    arrival; the subtraction is done on the stamps as written (exact for integers)."""
+    first = min(stamps)
+    for threshold, per_second in EPOCH_UNITS:
+        if first >= threshold:
+            for req, stamp in zip(requests, stamps):
+                req.timestamp = (stamp - first) / per_second
+            return

@@ -175,17 +175,22 @@ class Trace:
         -1. The last block, if partial, gets the id of the successor's block at
         that position -- fuller than ours; engines only cache full blocks.
         """
+        n_ctx = -(-(req.input_length + req.output_length) // self.block_size)
+        known = self.known_context_ids(req)
+        return np.concatenate([known, np.full(n_ctx - len(known), -1, dtype=np.int64)])
+
+    def known_context_ids(self, req: TraceRequest) -> np.ndarray:
+        """The leading ids of `context_ids` that are known (no -1s): as long as the
+        ids in the file, however large ``output_length`` is."""
         bs = self.block_size
         n_ctx = -(-(req.input_length + req.output_length) // bs)
         n_full_in = req.input_length // bs
-        out = np.full(n_ctx, -1, dtype=np.int64)
-        out[:n_full_in] = req.hash_ids[:n_full_in]
         nxt = self.successor(req)
         if (nxt is not None
                 and nxt.input_length >= req.input_length + req.output_length
                 and np.array_equal(nxt.hash_ids[:n_full_in], req.hash_ids[:n_full_in])):
-            out[n_full_in:] = nxt.hash_ids[n_full_in:n_ctx]
-        return out
+            return np.concatenate([req.hash_ids[:n_full_in], nxt.hash_ids[n_full_in:n_ctx]])
+        return req.hash_ids[:n_full_in].copy()
 
     def fork_tokens(self, req: TraceRequest) -> int:
         """For a subagent's first call: leading prompt tokens equal to its parent's
@@ -205,10 +210,11 @@ class Trace:
         bs = self.block_size
         ctx_tokens = parent.input_length + parent.output_length
         n_full = ctx_tokens // bs
-        ctx = self.context_ids(parent)[:n_full]
+        ctx = self.known_context_ids(parent)[:n_full]
         mine = req.hash_ids[:n_full]
-        agree = mine == ctx[:len(mine)]
-        n_agree = len(mine) if agree.all() else int(np.argmin(agree))  # first mismatch
+        m = min(len(mine), len(ctx))  # past the known ids nothing agrees
+        agree = mine[:m] == ctx[:m]
+        n_agree = m if agree.all() else int(np.argmin(agree))  # first mismatch
         if n_agree == n_full:
             return min(ctx_tokens, req.input_length)
         return min(n_agree * bs, req.input_length)

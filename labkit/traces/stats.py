@@ -32,8 +32,8 @@ def _cache_insertions(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     bs = trace.block_size
     parts, counts = [], np.empty(len(trace), dtype=np.int64)
     for i, req in enumerate(trace.requests):
-        ctx = trace.context_ids(req)[:(req.input_length + req.output_length) // bs]
-        ctx = ctx[:np.argmin(ctx >= 0)] if (ctx < 0).any() else ctx  # -1s form a tail
+        # known ids only: a huge output_length must not become a huge array of -1s
+        ctx = trace.known_context_ids(req)[:(req.input_length + req.output_length) // bs]
         parts.append(ctx)
         counts[i] = len(ctx)
     ids = np.concatenate(parts) if parts else np.empty(0, np.int64)

@@ -8,24 +8,12 @@ import torch
 from labkit.engine.compute.models import init_weights, reference_logits
 from labkit.engine.engine import Engine
 from labkit.engine.events import CopyOnWrite, Forked, RequestPreempted
-from labkit.engine.sim.work import StepTiming
 from labkit.specs import get_model
 from labkit.traces import TINY_AGENTX, generate_agentx_trace
 
+from support import FixedStepCost  # noqa: F401 (test_pd_compute imports it from here)
+
 REL_TOL = 1e-5  # the issue's bar: logits within 1e-5 relative error in float32
-
-
-class FixedStepCost:
-    """Every step takes the same time, whatever the layout: runs of different layouts
-    of one DP rank then schedule identically (same batches, same preemptions)."""
-
-    min_step_s = 0.01
-
-    def step_timing(self, work, lockstep):
-        steps, ranks = work.idle.shape
-        busy = np.full((steps, ranks), self.min_step_s)
-        zero = np.zeros((steps, ranks))
-        return StepTiming(busy, busy.copy(), zero, np.full(steps, self.min_step_s), zero)
 
 
 def compute_engine(model: str, layout: str, **knobs) -> Engine:

@@ -27,6 +27,7 @@ Every layer's paged cache is indexed by the same block ids, one page per logical
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ import torch
 
 from labkit.engine.compute.drafter import ngram_drafts
 from labkit.engine.compute.group import VirtualCluster
+from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.checkpoint import load_safetensors
 from labkit.engine.compute.models.weights import init_weights
@@ -77,6 +79,9 @@ class ComputeDataPlane:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
         self.cluster = VirtualCluster(self.mesh.world_size)
+        # what the weights are, for the disk tier's namespace (kv_namespace.py)
+        self.weights_id = weights_identity(config.seed, checkpoint, weights) \
+            if config.disk_kv_gib else ""
         if weights is None:
             weights = (load_safetensors(checkpoint, spec, dtype=self.dtype) if checkpoint
                        else init_weights(spec, config.seed, self.dtype))
@@ -277,7 +282,9 @@ class ComputeDataPlane:
     def tier_bytes(self, directory: str | None = None) -> TierBytes:
         """The KV offload tiers' bytes (host tensors, block files), kept in step with
         the control plane's tier moves; closed with the plane."""
-        self.tiers = TierBytes(self, directory)
+        identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
+                               self.block_size, self.device, self.weights_id)
+        self.tiers = TierBytes(self, directory, identity, self.config.kv_offload_strict)
         return self.tiers
 
     def release(self, request_id: str) -> None:
@@ -296,6 +303,21 @@ def check_window_support(spec, layout) -> None:
         raise ConfigError(f"{spec.name}: the compute plane runs sliding-window layers as "
                           "GQA without DCP (a DCP shard's positions are not the window's); "
                           f"got attention={spec.attention!r}, dcp={layout.dcp}")
+
+
+def check_kv_memory(device: str, bytes_per_gpu: float, gpus: int) -> None:
+    """Refuse paged caches that cannot be allocated: on a CPU every GPU's cache lives in
+    this machine's memory; on CUDA each in its device's memory."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        need, have = bytes_per_gpu, torch.cuda.get_device_properties(0).total_memory
+        where = "a CUDA device's"
+    else:
+        need = bytes_per_gpu * gpus
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        where = "this machine's"
+    if need > have:
+        raise ConfigError(f"num_gpu_blocks_override: the paged KV caches would take "
+                          f"{need / 2**30:,.1f} GiB, more than {where} {have / 2**30:,.1f} GiB")
 
 
 def check_device(device: str) -> torch.device:

@@ -12,7 +12,9 @@ silently corrupt generations. So the store trades availability for integrity:
   a store opens the directory;
 - each file carries its key, its payload's length and a blake2b-256 digest of it; a read
   that finds any of them wrong (bit rot, a truncated or foreign file) deletes the file
-  and reports the block absent.
+  and reports the block absent. A store opened with a `namespace` (what makes its KV
+  identical: `kv_namespace.py`) keys the digest with it, so a file written by an engine
+  with other weights, layout or dtype fails the check even under the right name.
 
 File layout (little-endian): a 56-byte header — magic `LKVB`, format version (u16),
 reserved (u16, 0), key (i64), payload length (u64), blake2b-256 digest of the payload —
@@ -49,8 +51,9 @@ _TMP_NAME = re.compile(r"\.tmp-[0-9a-f]{16}-(\d+)-\d+")
 
 
 class DiskBlockStore:
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, namespace: bytes = b"") -> None:
         self.directory = Path(directory)
+        self.namespace = namespace  # keys the digest (at most 64 bytes; b"": unkeyed)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._sizes: dict[int, int] = {}  # key -> file size of its complete block file
@@ -101,7 +104,7 @@ class DiskBlockStore:
         key = _check_key(key)
         payload = st_save(_packed(tensors))
         header = HEADER.pack(MAGIC, VERSION, 0, key, len(payload),
-                             hashlib.blake2b(payload, digest_size=32).digest())
+                             _digest(payload, self.namespace))
         final = self.path(key)
         tmp = self.directory / (f"{TMP_PREFIX}{key & _MASK:016x}-{os.getpid()}-"
                                 f"{threading.get_native_id()}")
@@ -155,7 +158,7 @@ class DiskBlockStore:
                 self._forget(key)
             return None
         with f:
-            tensors = _parse(f, key)
+            tensors = _parse(f, key, self.namespace)
             if tensors is None:
                 self._drop_corrupt(key, path, os.fstat(f.fileno()))
         return tensors
@@ -203,7 +206,11 @@ def _packed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _parse(f, key: int) -> dict[str, torch.Tensor] | None:
+def _digest(payload: bytes, namespace: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=32, key=namespace).digest()
+
+
+def _parse(f, key: int, namespace: bytes = b"") -> dict[str, torch.Tensor] | None:
     header = f.read(HEADER.size)
     if len(header) != HEADER.size:
         return None
@@ -213,7 +220,7 @@ def _parse(f, key: int) -> dict[str, torch.Tensor] | None:
     payload = f.read(length)
     if len(payload) != length or f.read(1):  # truncated, or trailing bytes
         return None
-    if hashlib.blake2b(payload, digest_size=32).digest() != digest:
+    if _digest(payload, namespace) != digest:
         return None
     try:
         return st_load(payload)

@@ -15,7 +15,9 @@ are evicted before its first ones and what remains cached is always a prefix —
 is what makes a binary search for the longest cached prefix correct.
 
 All per-block state lives in numpy arrays so that touching the 2,000+ blocks of a
-long agentic prompt is one vectorised operation, not a Python loop.
+long agentic prompt is one vectorised operation, not a Python loop. The arrays cover
+the blocks handed out so far (growing by doubling, `free_queue.grown`): a block never
+used has ref count 0, no key and generation 0, which is what an absent entry means.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
-from labkit.engine.kv.free_queue import FreeBlockQueue
+from labkit.engine.kv.free_queue import EAGER_BLOCKS, FreeBlockQueue, grown
 
 NO_KEY = -1
 
@@ -37,11 +39,12 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.events = events or EventBus()
         self.rank = rank
-        self.ref_count = np.zeros(num_blocks, dtype=np.int32)
-        self.block_key = np.full(num_blocks, NO_KEY, dtype=np.int64)
+        size = min(num_blocks, EAGER_BLOCKS)
+        self.ref_count = np.zeros(size, dtype=np.int32)
+        self.block_key = np.full(size, NO_KEY, dtype=np.int64)
         # Bumped each time a block is handed out: a remembered (block, generation) pair
         # is still the same KV exactly when the generation has not moved.
-        self.generation = np.zeros(num_blocks, dtype=np.int64)
+        self.generation = np.zeros(size, dtype=np.int64)
         self._cached: dict[int, int] = {}  # key -> physical block
         self._free = FreeBlockQueue(num_blocks)
         self.now = 0.0  # time stamp for events, set by the owner
@@ -71,6 +74,11 @@ class BlockPool:
     def allocate(self, n: int) -> np.ndarray:
         """n fresh blocks (ref count 1), evicting the least recently freed ones."""
         blocks = self._free.popleft(n)
+        if self._free.fresh > len(self.ref_count):  # first use of blocks past the arrays
+            need, limit = self._free.fresh, self.num_blocks
+            self.ref_count = grown(self.ref_count, need, limit, 0)
+            self.block_key = grown(self.block_key, need, limit, NO_KEY)
+            self.generation = grown(self.generation, need, limit, 0)
         self._evict(blocks)
         self.ref_count[blocks] = 1
         self.generation[blocks] += 1
@@ -137,6 +145,15 @@ class BlockPool:
     def cached_block(self, key: int) -> int:
         """The physical block holding `key`, or -1."""
         return self._cached.get(key, -1)
+
+    def unchanged(self, blocks, generations):
+        """Elementwise: is block[i] still the one handed out at generations[i]? False
+        for a block this pool never handed out (one another pool's hint names)."""
+        blocks, generations = np.asarray(blocks), np.asarray(generations)
+        known = blocks < len(self.generation)
+        same = np.zeros(blocks.shape, dtype=bool)
+        same[known] = self.generation[blocks[known]] == generations[known]
+        return same
 
     def holds(self, blocks: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Elementwise: does block[i] still hold keys[i]?"""

@@ -18,6 +18,12 @@ per block would dominate the simulation:
 
 Stale entries are compacted away once they outnumber the blocks, so memory stays
 O(num_blocks).
+
+Blocks never handed out are not stored at all: a pool starts as one *fresh range*
+``[fresh, num_blocks)`` at the head of the queue (they were all free first), and
+`popleft` takes from it before any segment. Memory then grows with the blocks a run
+touches, not with the pool: a tiny model on an H200 holds 485 million 1-token blocks,
+and a run touches a few thousand of them.
 """
 
 from __future__ import annotations
@@ -27,24 +33,31 @@ from collections import deque
 import numpy as np
 
 NOT_QUEUED = -1
+EAGER_BLOCKS = 4096  # per-block arrays start this long (or the pool's size) and double
+
+
+def grown(array: np.ndarray, needed: int, limit: int, fill) -> np.ndarray:
+    """`array` extended (doubling, at most to `limit`) to hold index needed - 1; new
+    entries are `fill`. The array itself when it is long enough."""
+    if needed <= len(array):
+        return array
+    size = min(limit, max(needed, 2 * len(array)))
+    return np.concatenate([array, np.full(size - len(array), fill, dtype=array.dtype)])
 
 
 class FreeBlockQueue:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._stamp = np.full(num_blocks, NOT_QUEUED, dtype=np.int64)
+        self._stamp = np.full(min(num_blocks, EAGER_BLOCKS), NOT_QUEUED, dtype=np.int64)
         self._segments: deque[tuple[int, np.ndarray]] = deque()
         self._cursor = 0  # position inside the head segment
         self._next_stamp = 0
         self._entries = 0  # queued entries, stale ones included
-        self.num_free = 0
-        self.append(np.arange(num_blocks, dtype=np.int32))
+        self.fresh = 0  # blocks [fresh, num_blocks) were never handed out
+        self.num_free = num_blocks
 
     def __len__(self) -> int:
         return self.num_free
-
-    def is_queued(self, blocks: np.ndarray) -> np.ndarray:
-        return self._stamp[blocks] != NOT_QUEUED
 
     def append(self, blocks: np.ndarray) -> None:
         """Queue blocks at the tail, first element to be reused first."""
@@ -56,7 +69,7 @@ class FreeBlockQueue:
         self._segments.append((stamp, np.array(blocks, dtype=np.int32)))
         self._entries += len(blocks)
         self.num_free += len(blocks)
-        if self._entries > 4 * self.num_blocks + 1024:
+        if self._entries > 4 * self.fresh + 1024:
             self._compact()
 
     def remove(self, blocks: np.ndarray) -> None:
@@ -69,7 +82,12 @@ class FreeBlockQueue:
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} free blocks, {self.num_free} available")
         taken: list[np.ndarray] = []
-        need = n
+        fresh = min(n, self.num_blocks - self.fresh)
+        if fresh:  # never-used blocks come first: they have been free the longest
+            taken.append(np.arange(self.fresh, self.fresh + fresh, dtype=np.int32))
+            self.fresh += fresh
+            self._stamp = grown(self._stamp, self.fresh, self.num_blocks, NOT_QUEUED)
+        need = n - fresh
         while need:
             stamp, segment = self._segments[0]
             window = max(2 * need, 64)
@@ -91,21 +109,22 @@ class FreeBlockQueue:
                 self._entries -= len(segment)
                 self._segments.popleft()
                 self._cursor = 0
-        blocks = taken[0] if len(taken) == 1 else np.concatenate(taken)
+        blocks = taken[0] if len(taken) == 1 else np.concatenate(taken) if taken else \
+            np.empty(0, dtype=np.int32)
         self._stamp[blocks] = NOT_QUEUED
         self.num_free -= n
         return blocks
 
     def order(self) -> np.ndarray:
         """All free blocks in reuse order (for tests and views)."""
-        parts = []
+        parts = [np.arange(self.fresh, self.num_blocks, dtype=np.int32)]
         for i, (stamp, segment) in enumerate(self._segments):
             seg = segment[self._cursor :] if i == 0 else segment
             parts.append(seg[self._stamp[seg] == stamp])
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+        return np.concatenate(parts)
 
     def _compact(self) -> None:
-        live = self.order()
+        live = self.order()[self.num_blocks - self.fresh:]  # the segments' live entries
         stamp = self._next_stamp
         self._next_stamp += 1
         self._stamp[live] = stamp

@@ -87,7 +87,7 @@ class KVManager:
         hint = req.prefix_hint
         if hint is None or hint.rank != self.rank or not len(hint.blocks):
             return EMPTY, 0
-        alive = self.pool.generation[hint.blocks] == hint.generations
+        alive = self.pool.unchanged(hint.blocks, hint.generations)
         n = len(alive) if alive.all() else int(np.argmin(alive))
         return hint.blocks[:n], n * self.block_size
 
@@ -146,7 +146,7 @@ class KVManager:
             return 0
         if num_full != len(hint.blocks) or num_full != hint.num_tokens // self.block_size:
             return 0
-        if self.pool.generation[hint.tail] != hint.tail_generation:
+        if not self.pool.unchanged(hint.tail, hint.tail_generation):
             return 0  # reused since the parent freed it
         shared = min(req.forked_tokens, hint.num_tokens, req.num_tokens - 1)
         return max(0, shared - num_full * self.block_size)
@@ -160,7 +160,7 @@ class KVManager:
 
         def still_ours(j: int) -> bool:
             b = blocks[j]
-            return pool.generation[b] == gens[j] and pool.block_key[b] == keys.key(j)
+            return pool.unchanged(b, gens[j]) and pool.block_key[b] == keys.key(j)
 
         # Both conditions hold on a prefix of the hint and fail after it: blocks are
         # reused tail first, and chained keys never re-converge once they differ.

@@ -42,11 +42,12 @@ class TierStats:
     evicted_blocks: int = 0  # blocks it let go of (demoted or dropped)
     dropped_blocks: int = 0  # of those, the ones no tier kept
     promoted_blocks: int = 0  # blocks that left it for the tier above (loaded, hot again)
-    corrupt_blocks: int = 0  # blocks found unreadable when offered (compute plane)
+    corrupt_blocks: int = 0  # blocks found unreadable when offered or loaded (compute plane)
+    unwritable_blocks: int = 0  # blocks the tier could not write (compute plane: disk full)
 
     def resident(self) -> int:
         return (self.stored_blocks - self.evicted_blocks - self.promoted_blocks
-                - self.corrupt_blocks)
+                - self.corrupt_blocks - self.unwritable_blocks)
 
 
 @dataclass(slots=True)
@@ -186,11 +187,12 @@ class NodeStore:
             self._insert(0, key, moves)
         return moves
 
-    def forget(self, key: int) -> None:
-        """A block whose bytes turned out unreadable: it is in no tier any more."""
+    def forget(self, key: int, reason: str = "corrupt_blocks") -> None:
+        """A block whose bytes turned out unreadable (or could not be written): it is in
+        no tier any more; `reason` is the TierStats counter it adds to."""
         tier = self.tiers[self._level.pop(key)]
         tier.policy.discard(key)
-        tier.stats.corrupt_blocks += 1
+        setattr(tier.stats, reason, getattr(tier.stats, reason) + 1)
         self.version += 1
 
     def stats(self) -> dict[str, TierStats]:

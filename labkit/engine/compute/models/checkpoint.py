@@ -38,6 +38,11 @@ def _files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"checkpoint not found: {path}")
 
 
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _listing(title: str, items: list[str], limit: int = 10) -> str:
     more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
     return f"{title} ({len(items)}): {', '.join(items[:limit])}{more}"
@@ -53,7 +58,12 @@ def load_safetensors(path_or_dir: str | Path, spec: ModelSpec,
         raise ImportError("loading checkpoints needs `pip install safetensors`") from err
     tensors: dict[str, torch.Tensor] = {}
     for f in _files(Path(path_or_dir)):
-        for name, t in load_file(str(f)).items():
+        try:
+            loaded = load_file(str(f))
+        except Exception as err:  # safetensors' own error types: not a checkpoint
+            raise CheckpointError(f"checkpoint {f} is not a readable safetensors file "
+                                  f"({_first_line(err)})") from None
+        for name, t in loaded.items():
             if _IGNORED.search(name):
                 continue
             if name in tensors:
