@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import csv
 import json
+import zlib
 
 from labkit.traces.formats.azure import AZURE_COLUMNS
 from labkit.traces.formats.burstgpt import BURSTGPT_COLUMNS
 from labkit.traces.formats.splitwise import SPLITWISE_COLUMNS
-from labkit.traces.jsonl import open_text
+from labkit.traces.jsonl import open_text, read_lines
 from labkit.traces.validate import TraceError
 
 CSV_FORMATS = {"azure": AZURE_COLUMNS, "burstgpt": BURSTGPT_COLUMNS,
@@ -55,10 +56,10 @@ def detect_format(path: str, formats: tuple[str, ...]) -> str:
 
 
 def _first_line(path: str) -> tuple[int, str | None]:
-    with open_text(path) as f:
-        for line_no, text in enumerate(f, start=1):
-            if text.strip():
-                return line_no, text.strip()
+    # read_lines: bytes that are not UTF-8 text are a TraceError naming file and line
+    for line_no, text in read_lines(path):
+        if text.strip():
+            return line_no, text.strip()
     return 1, None
 
 
@@ -68,6 +69,6 @@ def _multi_line_object(path: str, line_no: int) -> str:
     with open_text(path) as f:
         try:
             doc = json.load(f)
-        except json.JSONDecodeError:
-            return "labkit"
+        except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError, zlib.error):
+            return "labkit"  # its loader names the damaged line
     return "agentx" if isinstance(doc, (dict, list)) else "labkit"
