@@ -12,8 +12,10 @@ the controls people turn.
 from labkit.widgets.block_table import BlockTableModel, BlockTableView
 from labkit.widgets.dashboard import Dashboard, layout_string
 from labkit.widgets.lockstep import LockstepModel, LockstepView
+from labkit.widgets.placement import KVPlacementView
 from labkit.widgets.prefix_cache import PrefixCacheModel, PrefixCacheView
 from labkit.widgets.rank_kv import RankKVModel, RankKVView
 
-__all__ = ["BlockTableModel", "BlockTableView", "Dashboard", "LockstepModel", "LockstepView",
-           "PrefixCacheModel", "PrefixCacheView", "RankKVModel", "RankKVView", "layout_string"]
+__all__ = ["BlockTableModel", "BlockTableView", "Dashboard", "KVPlacementView", "LockstepModel",
+           "LockstepView", "PrefixCacheModel", "PrefixCacheView", "RankKVModel", "RankKVView",
+           "layout_string"]
