@@ -43,6 +43,9 @@ class KVPlacementView(EngineView):
     def __init__(self, engine, request_id: str | None = None, max_cells: int = 480) -> None:
         """`request_id`: draw that request only; `max_cells`: columns of the grid (token
         positions are aggregated into cells of a power-of-two number of tokens)."""
+        if not hasattr(engine, "placement"):  # a PDEngine: its groups are engines
+            raise TypeError("KVPlacementView draws one engine's GPUs; for P/D pass one "
+                            "group, e.g. pd.decode[0] (its prompts show as transferred)")
         self.request_id = request_id
         self.max_cells = max_cells
         self.spec = engine.placement
