@@ -85,8 +85,14 @@ class GPUKV:
 
     @property
     def label(self) -> str:
-        """E.g. `GPU 3 · dp0 · head 1 · shard 3/8` (what tells it from its neighbours)."""
-        parts = [f"GPU {self.gpu}", f"dp{self.dp_rank}"]
+        """E.g. `GPU 3 · dp0 · head 0 · shard 3/8` (what tells it from its neighbours)."""
+        return f"GPU {self.gpu} · dp{self.dp_rank} · {self.holds}"
+
+    @property
+    def holds(self) -> str:
+        """What it keeps of each request, e.g. `layers 0-30 · heads 2-3` or `head 0 ·
+        shard 3/8`."""
+        parts = []
         if self.multi_stage or self.layers.step > 1:
             parts.append(f"layers {self.layers}")
         parts.append(f"head {self.heads}" if len(self.heads.range) == 1

@@ -19,23 +19,17 @@ and sources come from events (`placement_model.py`).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from labkit.engine.layouts import dcp_shard_tokens
+from labkit.widgets import placement_figure
 from labkit.widgets.base import EngineView
 from labkit.widgets.gpu_kv import gpu_kv, query_chunks, temporary_layers, temporary_tokens
-from labkit.widgets.placement_cells import CATEGORIES, colorscale, grid
+from labkit.widgets.placement_cells import grid
 from labkit.widgets.placement_model import KVPlacementModel
+from labkit.widgets.placement_summary import held_tokens, per_gpu
 
 COLUMNS = ["gpu", "dp_rank", "request_id", "start", "end", "interleave", "shards", "shard",
            "layers", "heads", "kind", "source"]
-COLORS = {"computed": "#4C78A8", "cached": "#54A24B", "forked": "#B279A2",
-          "loaded": "#E45756", "transferred": "#F58518", "temporary": "#D4A017"}
-NAMES = {"computed": "computed here", "cached": "prefix-cache hit",
-         "forked": "forked from its parent", "loaded": "loaded from an offload tier",
-         "transferred": "transferred (P/D, another rank)",
-         "temporary": "temporary: gathered while a layer runs"}
 TEMPORARY_BAND = 0.45  # height of a temporary band, relative to a GPU's band
 
 
@@ -49,6 +43,7 @@ class KVPlacementView(EngineView):
         self.request_id = request_id
         self.max_cells = max_cells
         self.spec = engine.placement
+        self.model_spec = engine.model
         self.gpus = gpu_kv(engine.placement)
         self.interleave = engine.config.dcp_kv_cache_interleave_size
         self.name = f"{engine.model.name} {engine.layout.text}"
@@ -101,6 +96,13 @@ class KVPlacementView(EngineView):
         frame = pd.DataFrame(rows, columns=["gpu", "dp_rank", "request_id", "start", "end"])
         return frame.sort_values("gpu", kind="stable", ignore_index=True)
 
+    def per_gpu(self, step: int | None = None) -> pd.DataFrame:
+        """One row per GPU after `step` steps: what it holds, its requests, the tokens of
+        KV it keeps (persistent) and gathers while a layer runs (temporary), and
+        `kv_share`, the fraction of one full copy of its DP rank's KV it keeps (their sum
+        over a replica is the layout's number of KV copies; `placement_summary.py`)."""
+        return per_gpu(self.placement(step), self.gpus, self.model_spec)
+
     def _requests(self, state, seq: int) -> list:
         """The requests drawn at step seq, by DP rank, then in order of arrival."""
         live = [(rid, kv) for rid, kv in state.items()
@@ -136,78 +138,18 @@ class KVPlacementView(EngineView):
     def make_figure(self):
         import plotly.graph_objects as go
 
-        n = len(self.gpus)
-        per_gpu = max(12, min(34, 640 // n))
-        fig = go.FigureWidget(layout=dict(
-            autosize=True, height=190 + per_gpu * n, margin=dict(l=10, r=10, t=80, b=120),
-            plot_bgcolor="white",
-            legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0),
-            xaxis=dict(title="token position, requests side by side", showgrid=False,
-                       zeroline=False),
-            yaxis=dict(title="GPU", autorange="reversed", showgrid=False, zeroline=False,
-                       automargin=True)))
-        fig.add_heatmap(z=[[]], colorscale=colorscale(COLORS), zmin=0, zmax=len(CATEGORIES),
-                        showscale=False, hoverinfo="skip")
-        fig.add_scatter(x=[], y=[], mode="lines+markers", name="queries computed this step",
-                        line=dict(color="black", width=2), marker=dict(size=4, color="black"),
-                        hoverinfo="skip")
-        fig.add_scatter(x=[], y=[], mode="lines", showlegend=False, hoverinfo="skip",
-                        line=dict(color="#888", width=1, dash="dot"))
-        for name in CATEGORIES:  # legend swatches
-            fig.add_scatter(x=[None], y=[None], mode="markers", name=NAMES[name],
-                            marker=dict(symbol="square", size=12, color=COLORS[name]))
-        return fig
+        return placement_figure.build(go.FigureWidget, len(self.gpus))
 
     def draw(self, data: dict) -> None:
-        fig, n = self.figure, data["cell_tokens"]
-        heat, queries, separators = fig.data[0], fig.data[1], fig.data[2]
-        heat.z = np.round(data["z"], 3) if data["z"].size else [[]]
-        heat.x, heat.y = data["x_edges"], data["y_edges"]
-        x_of = {r: data["offsets"][r] * n for r in data["requests"]}
-        qx, qy = [], []
-        for row in data["queries"].itertuples(index=False):
-            if row.request_id in x_of:
-                y = data["y_edges"][data["bands"][(row.gpu, "persistent")]] + 0.5
-                qx += [x_of[row.request_id] + row.start, x_of[row.request_id] + row.end, None]
-                qy += [y, y, None]
-        queries.x, queries.y = qx, qy
-        top, bottom = data["y_edges"][0], data["y_edges"][-1]
-        sx, sy = [], []
-        for r in data["requests"][1:]:
-            sx += [x_of[r], x_of[r], None]
-            sy += [top, bottom, None]
-        separators.x, separators.y = sx, sy
-        fig.layout.yaxis.tickvals = [t for t, _ in data["ticks"]]
-        held = data["held_tokens"]
-        fig.layout.yaxis.ticktext = [f"{label} · {held.get(g.gpu, 0):,} tok"
-                                     for (_, label), g in zip(data["ticks"], self.gpus)]
-        fig.layout.annotations = self._request_labels(data, x_of)
-        tokens = sum(data["lengths"].values())
-        fig.layout.title = dict(x=0, text=(
-            f"KV placement · {self.name} · {len(self.gpus)} GPUs · after step {data['step']}: "
-            f"{len(data['requests'])} request(s), {tokens:,} tokens<br><sup>1 cell = {n:,} "
-            f"token(s); pale = the GPU holds a share of the cell's tokens (a DCP shard)</sup>"))
-        fig.layout.xaxis.title = (f"token position, requests side by side "
-                                  f"(1 cell = {n:,} tokens)")
+        placement_figure.draw(self.figure, data, self.gpus, self.name)
 
-    @staticmethod
-    def _request_labels(data: dict, x_of: dict) -> list:
-        """Request ids above their columns (every k-th when there are many)."""
-        requests = data["requests"]
-        every = max(1, -(-len(requests) // 12))
-        n = data["cell_tokens"]
-        return [dict(x=x_of[r] + data["request_cells"][r] * n / 2, y=1.0, yref="paper",
-                     yanchor="bottom", showarrow=False, font=dict(size=10),
-                     text=f"{r} ({data['lengths'][r]:,})")
-                for r in requests[::every]]
+    def static_figure(self, step: int | None = None):
+        """A plain plotly `Figure` of the view after `step` steps (default: what it
+        shows now), with compact typed arrays: to keep in a notebook, save with
+        `write_html`, or put in a paper. No widget needed."""
+        import plotly.graph_objects as go
 
-
-def held_tokens(frame: pd.DataFrame) -> dict[int, int]:
-    """Positions of KV each GPU keeps (persistent rows), over all its requests."""
-    rows = frame[frame["kind"] == "persistent"]
-    if rows.empty:
-        return {}
-    args = [rows[c].to_numpy(np.int64) for c in ("shards", "interleave", "shard")]
-    counts = dcp_shard_tokens(rows["end"].to_numpy(np.int64), *args) - \
-        dcp_shard_tokens(rows["start"].to_numpy(np.int64), *args)
-    return pd.Series(counts, index=rows["gpu"]).groupby(level=0).sum().to_dict()
+        fig = placement_figure.build(go.Figure, len(self.gpus))
+        data = self.figure_data(self.shown_step if step is None else step)
+        placement_figure.draw(fig, data, self.gpus, self.name, compact=True)
+        return fig

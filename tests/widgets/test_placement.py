@@ -222,3 +222,18 @@ def test_figure_bins_a_million_tokens_without_losing_any():
         assert round(float((data["share"][band] * size).sum())) == data["held_tokens"][gpu]
         expected = sum(len(range(gpu, held(engine, r), 8)) for r in ("long", "short"))
         assert data["held_tokens"][gpu] == expected
+
+
+@pytest.mark.parametrize("model,layout,copies", [
+    (DSV3, "tp8", 8), (DSV3, "tp8xdcp8", 1), (DSV3, "pcp8xep8", 8),
+    (DSV3, "pcp8xdcp8xep8", 1), (DSV3, "dep8", 1), (DSV3, "tp8xkvpp8", 1),
+    (DSV3, "tp8xpp2", 8), (L70, "tp8", 1), (L70, "tp16", 2), (L70, "tp16xdcp2", 1),
+])
+def test_kv_shares_add_up_to_the_layouts_copies(model, layout, copies):
+    engine, view = run(model, layout, prompts=(1001, 3333))
+    gpus = view.per_gpu()
+    per_rank = gpus.groupby("dp_rank").kv_share.sum()
+    busy = per_rank[gpus.groupby("dp_rank").requests.max() > 0]
+    assert len(busy) and busy.to_numpy() == pytest.approx(copies)
+    if "pp" not in layout and "kvpp" not in layout:  # where the layout's own sum is exact
+        assert engine.placement.kv_replication() == pytest.approx(copies)
