@@ -3,7 +3,8 @@
 Each view subscribes to an engine's events, keeps a plain-Python model of what it
 shows (testable without a browser: `view.figure_data()`), and redraws a plotly
 `FigureWidget` at most a few times a second. `Dashboard` puts the four together with
-the controls people turn.
+the controls people turn. `KVPlacementView` draws which GPU holds which tokens' KV
+(GPUs x token positions of the requests in flight), its data is `view.placement()`.
 
     from labkit.widgets import Dashboard
     Dashboard(trace, model="deepseek-v3", layout="dep8", concurrency=8)

@@ -42,6 +42,8 @@ class KVPlacementView(EngineView):
                             "group, e.g. pd.decode[0] (its prompts show as transferred)")
         self.request_id = request_id
         self.max_cells = max_cells
+        self.window: tuple[int, int | None] = (0, None)  # positions drawn (see zoom)
+        self.focus: str | None = None  # the one request drawn (see zoom)
         self.spec = engine.placement
         self.model_spec = engine.model
         self.gpus = gpu_kv(engine.placement)
@@ -117,9 +119,13 @@ class KVPlacementView(EngineView):
     def figure_data(self, upto_step=None) -> dict:
         seq, state = self.model.state_at(upto_step)
         frame, queries = self.placement(seq), self.queries(seq)
-        order = [rid for rid, _ in self._requests(state, seq)]
+        order = [rid for rid, _ in self._requests(state, seq)
+                 if self.focus is None or rid == self.focus]
+        if self.focus is not None:
+            frame = frame[frame.request_id == self.focus]
+            queries = queries[queries.request_id == self.focus]
         bands, edges, ticks = self._bands()
-        cells = grid(frame, order, bands, len(edges) - 1, self.max_cells)
+        cells = grid(frame, order, bands, len(edges) - 1, self.max_cells, self.window)
         return {"step": seq, "placement": frame, "queries": queries, "bands": bands,
                 "y_edges": edges, "ticks": ticks, "held_tokens": held_tokens(frame), **cells}
 
@@ -134,6 +140,16 @@ class KVPlacementView(EngineView):
                 bands[(g.gpu, "temporary")] = len(edges) - 1
                 edges.append(edges[-1] + TEMPORARY_BAND)
         return bands, edges, ticks
+
+    def zoom(self, start: int = 0, end: int | None = None,
+             request_id: str | None = None) -> None:
+        """Draw positions [start, end) of each request only (of `request_id` only, if
+        given) — down to one token per cell, where a DCP shard's interleave shows. No
+        arguments: everything again. `placement()` is not affected."""
+        if start < 0 or (end is not None and end <= start):
+            raise ValueError(f"zoom({start}, {end}): need 0 <= start < end")
+        self.window, self.focus = (start, end), request_id
+        self.redraw()
 
     def make_figure(self):
         import plotly.graph_objects as go

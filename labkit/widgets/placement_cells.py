@@ -3,7 +3,8 @@
 A 1M-token context is a million columns; a screen shows about a thousand. So the
 requests are laid side by side and their positions aggregated into cells of N tokens
 (N a power of two, chosen so all cells fit in `max_cells`; a request shorter than a
-cell still gets one, so nothing disappears). Each GPU gets a band (and, for layouts
+cell still gets one, so nothing disappears). A window [a, b) of positions zooms in: the
+same cells over fewer positions, down to one token per cell. Each GPU gets a band (and, for layouts
 that gather KV while a layer runs, a thinner band under it for that temporary KV).
 A cell's value tells two things at once:
 
@@ -37,10 +38,13 @@ def cell_tokens(total: int, max_cells: int) -> int:
 
 
 def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int],
-         num_bands: int, max_cells: int) -> dict:
+         num_bands: int, max_cells: int, window: tuple[int, int | None] = (0, None)) -> dict:
     """Cells of the requests in `order` (those with rows), per band (`bands` maps
-    (gpu, kind) to a band index)."""
-    lengths = frame.groupby("request_id")["end"].max().to_dict() if len(frame) else {}
+    (gpu, kind) to a band index), over positions [a, b) of each request (`window`;
+    b None: to its end). Cell c of a request covers positions a + c*N .. a + (c+1)*N."""
+    a, b = window
+    ends = frame.groupby("request_id")["end"].max().to_dict() if len(frame) else {}
+    lengths = {r: min(e, b if b is not None else e) - a for r, e in ends.items()}
     order = [r for r in order if lengths.get(r, 0) > 0]
     n = cell_tokens(sum(lengths[r] for r in order), max_cells)
     cells = np.array([-(-lengths[r] // n) for r in order], dtype=np.int64)
@@ -52,8 +56,11 @@ def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int
     for row in rows.itertuples(index=False):
         if row.request_id not in offset:
             continue
-        c0, c1 = row.start // n, -(-row.end // n)
-        edges = np.clip(np.arange(c0, c1 + 1) * n, row.start, row.end)
+        start, end = max(row.start, a), min(row.end, a + lengths[row.request_id])
+        if end <= start:
+            continue
+        c0, c1 = (start - a) // n, -(-(end - a) // n)
+        edges = np.clip(a + np.arange(c0, c1 + 1) * n, start, end)
         held = np.diff(dcp_shard_tokens(edges, row.shards, row.interleave, row.shard))
         category = TEMPORARY if row.kind == "temporary" else SOURCES.index(row.source)
         first = offset[row.request_id] + c0
@@ -63,10 +70,10 @@ def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int
     held = counts.sum(axis=0)
     share = np.divide(held, size, out=np.zeros_like(held), where=size > 0)
     z = np.where(held > 0, counts.argmax(axis=0) + 0.05 + 0.9 * np.minimum(share, 1.0), np.nan)
-    return {"cell_tokens": n, "requests": order,
+    return {"cell_tokens": n, "requests": order, "window": (a, b),
             "request_cells": dict(zip(order, cells.tolist())), "offsets": offset,
             "lengths": {r: int(lengths[r]) for r in order}, "z": z, "share": share,
-            "x_edges": np.arange(total_cells + 1) * n}
+            "x_edges": a + np.arange(total_cells + 1) * n}
 
 
 def colorscale(colors: dict[str, str]) -> list:

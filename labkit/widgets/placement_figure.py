@@ -52,10 +52,12 @@ def draw(fig, data: dict, gpus: list, name: str, compact: bool = False) -> None:
     heat, queries, separators = fig.data[0], fig.data[1], fig.data[2]
     heat.z = _grid(data["z"], compact)
     heat.x, heat.y = data["x_edges"], data["y_edges"]
+    # position p of request r is drawn at x_of[r] + p (cells start at the window's a)
     x_of = {r: data["offsets"][r] * n for r in data["requests"]}
+    a, b = data["window"]
     queries.x, queries.y = _query_marks(data, x_of)
     top, bottom = data["y_edges"][0], data["y_edges"][-1]
-    starts = [x_of[r] for r in data["requests"][1:]]
+    starts = [x_of[r] + a for r in data["requests"][1:]]
     separators.x = [x for s in starts for x in (s, s, None)]
     separators.y = [y for _ in starts for y in (top, bottom, None)]
     held = data["held_tokens"]
@@ -64,11 +66,17 @@ def draw(fig, data: dict, gpus: list, name: str, compact: bool = False) -> None:
                                  for (_, label), g in zip(data["ticks"], gpus)]
     fig.layout.annotations = _request_labels(data, x_of)
     tokens = sum(data["lengths"].values())
-    fig.layout.title = dict(x=0, text=(
+    cell = f"1 cell = {n:,} token{'s' if n > 1 else ''}"
+    fig.layout.title = dict(x=0.01, text=(
         f"KV placement · {name} · {len(gpus)} GPUs · after step {data['step']}: "
-        f"{len(data['requests'])} request(s), {tokens:,} tokens<br><sup>1 cell = {n:,} "
-        f"token(s); pale = the GPU holds a share of the cell's tokens (a DCP shard)</sup>"))
-    fig.layout.xaxis.title = f"token position, requests side by side (1 cell = {n:,} tokens)"
+        f"{len(data['requests'])} request(s), {tokens:,} tokens<br><sup>{cell}; pale = the "
+        f"GPU holds a share of the cell's tokens (a DCP shard)</sup>"))
+    parts = ["token position"]
+    if (a, b) != (0, None):
+        parts.append(f"positions {a:,} to {'the end' if b is None else f'{b:,}'}")
+    if len(data["requests"]) > 1:
+        parts.append("requests side by side")
+    fig.layout.xaxis.title = f"{', '.join(parts)} ({cell})"
 
 
 def _grid(z: np.ndarray, compact: bool):
@@ -84,10 +92,12 @@ def _grid(z: np.ndarray, compact: bool):
 def _query_marks(data: dict, x_of: dict) -> tuple[list, list]:
     """Line segments over the positions each GPU computes queries for this step."""
     xs, ys = [], []
+    a, b = data["window"]
     for row in data["queries"].itertuples(index=False):
-        if row.request_id in x_of:
+        start, end = max(row.start, a), min(row.end, b if b is not None else row.end)
+        if row.request_id in x_of and end > start:
             y = data["y_edges"][data["bands"][(row.gpu, "persistent")]] + 0.5
-            xs += [x_of[row.request_id] + row.start, x_of[row.request_id] + row.end, None]
+            xs += [x_of[row.request_id] + start, x_of[row.request_id] + end, None]
             ys += [y, y, None]
     return xs, ys
 
@@ -97,7 +107,8 @@ def _request_labels(data: dict, x_of: dict) -> list:
     narrower than 1/25 of the width goes unlabelled (see `placement()`)."""
     n, total = data["cell_tokens"], max(1, len(data["x_edges"]) - 1)
     wide = [r for r in data["requests"] if data["request_cells"][r] * 25 >= total]
-    return [dict(x=x_of[r] + data["request_cells"][r] * n / 2, y=1.0, yref="paper",
+    a = data["window"][0]
+    return [dict(x=x_of[r] + a + data["request_cells"][r] * n / 2, y=1.0, yref="paper",
                  yanchor="bottom", yshift=14 * (i % 2), showarrow=False, font=dict(size=10),
                  text=f"{r} ({data['lengths'][r]:,})")
             for i, r in enumerate(wide)]

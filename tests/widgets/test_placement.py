@@ -237,3 +237,31 @@ def test_kv_shares_add_up_to_the_layouts_copies(model, layout, copies):
     assert len(busy) and busy.to_numpy() == pytest.approx(copies)
     if "pp" not in layout and "kvpp" not in layout:  # where the layout's own sum is exact
         assert engine.placement.kv_replication() == pytest.approx(copies)
+
+
+@pytest.mark.parametrize("interleave", [1, 16])
+def test_zoom_shows_the_dcp_interleave_token_by_token(interleave):
+    engine, view = run(DSV3, "tp8xdcp8", prompts=(3000, 500),
+                       dcp_kv_cache_interleave_size=interleave)
+    view.zoom(1000, 1256, request_id="r0")
+    data = view.figure_data()
+    assert data["cell_tokens"] == 1 and data["requests"] == ["r0"]
+    positions = np.arange(1000, 1256)
+    for gpu in range(8):
+        share = data["share"][data["bands"][(gpu, "persistent")]]
+        assert (share == ((positions // interleave) % 8 == gpu)).all()
+    view.zoom()
+    assert view.figure_data()["requests"] == ["r0", "r1"]
+
+
+def test_live_figure_sends_json_the_widget_can_carry():
+    """Empty cells go to the browser as null: NaN is not JSON and a widget message
+    carrying one is dropped (the figure would never update)."""
+    import json
+
+    engine, view = run(DSV3, "dep8", prompts=(900, 1300))
+    view.flush()
+    z = view.figure.to_plotly_json()["data"][0]["z"]
+    text = json.dumps(z, allow_nan=False)
+    assert "null" in text  # the ranks without requests
+    assert view.figure.layout.xaxis.title.text.endswith("(1 cell = 8 tokens)")
