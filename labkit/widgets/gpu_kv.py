@@ -124,6 +124,12 @@ def gpu_kv(placement: Placement) -> list[GPUKV]:
     return out
 
 
+def kv_fraction(model, heads: Indices, layers: Indices) -> float:
+    """Share of one position's KV (all KV heads of all layers) in these heads and layers."""
+    kv_heads = 1 if model.is_mla else model.num_kv_heads
+    return len(heads.range) / kv_heads * len(layers.range) / model.num_layers
+
+
 def _heads(model, tp: int, tp_index: int) -> range:
     if model.is_mla:
         return range(0, 1)

@@ -23,7 +23,9 @@ import pandas as pd
 
 from labkit.widgets import placement_figure
 from labkit.widgets.base import EngineView
-from labkit.widgets.gpu_kv import gpu_kv, query_chunks, temporary_layers, temporary_tokens
+from labkit.widgets.gpu_kv import (
+    gpu_kv, kv_fraction, query_chunks, temporary_layers, temporary_tokens,
+)
 from labkit.widgets.placement_cells import grid
 from labkit.widgets.placement_model import KVPlacementModel
 from labkit.widgets.placement_summary import held_tokens, per_gpu
@@ -64,16 +66,20 @@ class KVPlacementView(EngineView):
         - of the decoder layers in `layers` and the KV heads in `heads` (`Indices`,
           printed `0-60` or `3-59 every 8`; `5 in row.layers` and `row.layers.range`
           work as with a range; MLA's latent is head 0; on hybrid models only the
-          attention layers among the layers have KV);
+          attention layers among the layers have KV, and sliding-window layers only
+          the window's);
         - `kind`: "persistent" (kept in its blocks) or "temporary" (gathered or
           received only while a layer of that step runs, one layer at a time);
         - `source`: computed | cached | forked | loaded | transferred.
         """
-        seq, state = self.model.state_at(step)
+        return self._placement(*self.model.state_at(step))
+
+    def _placement(self, seq: int, state) -> pd.DataFrame:
         rows = []
         for rid, kv in self._requests(state, seq):
-            current = kv.step is not None and kv.step[0] == seq
-            temp = temporary_tokens(self.spec, *kv.step[1:]) if current else 0
+            step = kv.step_at(seq)
+            temp = temporary_tokens(self.spec, step.context, step.num_new, step.decode) \
+                if step else 0
             for g in self._replica(kv.rank):
                 every = self.interleave if g.shards > 1 else 1
                 rows += [(g.gpu, g.dp_rank, rid, a, b, every, g.shards, g.shard, g.layers,
@@ -87,13 +93,17 @@ class KVPlacementView(EngineView):
     def queries(self, step: int | None = None) -> pd.DataFrame:
         """Positions [start, end) whose queries each GPU computed in step `step` (PCP:
         its two paired chunks of each request's new tokens; otherwise all of them)."""
-        seq, state = self.model.state_at(step)
+        return self._queries(*self.model.state_at(step))
+
+    def _queries(self, seq: int, state) -> pd.DataFrame:
         rows = []
         for rid, kv in self._requests(state, seq):
-            if kv.step is None or kv.step[0] != seq or not kv.step[2]:
+            step = kv.step_at(seq)
+            if not step or not step.num_new:
                 continue
             for g in self._replica(kv.rank):
-                chunks = query_chunks(kv.step[1], kv.step[2], self.spec.layout.pcp, g.pcp_index)
+                chunks = query_chunks(step.context, step.num_new, self.spec.layout.pcp,
+                                      g.pcp_index)
                 rows += [(g.gpu, g.dp_rank, rid, a, b) for a, b in chunks]
         frame = pd.DataFrame(rows, columns=["gpu", "dp_rank", "request_id", "start", "end"])
         return frame.sort_values("gpu", kind="stable", ignore_index=True)
@@ -109,7 +119,7 @@ class KVPlacementView(EngineView):
         """The requests drawn at step seq, by DP rank, then in order of arrival."""
         live = [(rid, kv) for rid, kv in state.items()
                 if (self.request_id is None or rid == self.request_id)
-                and (kv.held > 0 or (kv.step is not None and kv.step[0] == seq))]
+                and (kv.held > 0 or kv.step_at(seq))]
         return sorted(live, key=lambda item: item[1].rank)
 
     def _replica(self, rank: int) -> list:
@@ -118,16 +128,20 @@ class KVPlacementView(EngineView):
     # --------------------------------------------------------------- figure
     def figure_data(self, upto_step=None) -> dict:
         seq, state = self.model.state_at(upto_step)
-        frame, queries = self.placement(seq), self.queries(seq)
+        frame, queries = self._placement(seq, state), self._queries(seq, state)
         order = [rid for rid, _ in self._requests(state, seq)
                  if self.focus is None or rid == self.focus]
         if self.focus is not None:
             frame = frame[frame.request_id == self.focus]
             queries = queries[queries.request_id == self.focus]
         bands, edges, ticks = self._bands()
-        cells = grid(frame, order, bands, len(edges) - 1, self.max_cells, self.window)
+        cells = grid(frame, order, bands, len(edges) - 1, self.max_cells, self.window,
+                     self._kv_fraction)
         return {"step": seq, "placement": frame, "queries": queries, "bands": bands,
                 "y_edges": edges, "ticks": ticks, "held_tokens": held_tokens(frame), **cells}
+
+    def _kv_fraction(self, row) -> float:
+        return kv_fraction(self.model_spec, row.heads, row.layers)
 
     def _bands(self) -> tuple[dict, list[float], list[tuple[float, str]]]:
         """Band index of each (gpu, kind), the bands' y edges and the GPU ticks."""
@@ -167,5 +181,5 @@ class KVPlacementView(EngineView):
 
         fig = placement_figure.build(go.Figure, len(self.gpus))
         data = self.figure_data(self.shown_step if step is None else step)
-        placement_figure.draw(fig, data, self.gpus, self.name, compact=True)
+        placement_figure.draw(fig, data, self.gpus, self.name)
         return fig

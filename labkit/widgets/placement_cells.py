@@ -10,11 +10,16 @@ A cell's value tells two things at once:
 
 - *what* the GPU holds there: the source most of its held positions came from
   (computed, cached, forked, loaded, transferred), or "temporary" in a temporary band;
-- *how much*: the share of the cell's positions the GPU holds — all of them under TP,
-  one in `dcp` under DCP — counted exactly with the DCP formula.
+- *how much*: the share of the KV of the cell's positions the GPU keeps — the positions
+  it holds (all of them under TP, one in `dcp` under DCP, counted exactly with the DCP
+  formula) times the share of KV heads and layers it holds them for (MLA's latent under
+  TP: all; GQA under TP8: one head in eight; a PP stage: its layers). So a full copy is
+  full colour and a layout's copies can be counted by eye. A temporary band shows the
+  share of positions only (it holds them one layer at a time).
 
-Encoded as `category + 0.05 + 0.9 * share`, so one heatmap with a banded colour scale
-draws both (pale = a small share).
+Encoded as `1 + category + 0.05 + 0.9 * sqrt(share)` (0.5 for an empty cell), so one heatmap
+with a banded colour scale draws both (pale = a small share; empty = white) from a
+plain float array — no NaN, which JSON (a live widget's messages) cannot carry.
 """
 
 from __future__ import annotations
@@ -38,10 +43,13 @@ def cell_tokens(total: int, max_cells: int) -> int:
 
 
 def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int],
-         num_bands: int, max_cells: int, window: tuple[int, int | None] = (0, None)) -> dict:
+         num_bands: int, max_cells: int, window: tuple[int, int | None] = (0, None),
+         kv_fraction=lambda row: 1.0) -> dict:
     """Cells of the requests in `order` (those with rows), per band (`bands` maps
     (gpu, kind) to a band index), over positions [a, b) of each request (`window`;
-    b None: to its end). Cell c of a request covers positions a + c*N .. a + (c+1)*N."""
+    b None: to its end). Cell c of a request covers positions a + c*N .. a + (c+1)*N.
+    `kv_fraction(row)`: the share of a position's KV (heads, layers) a persistent row
+    holds."""
     a, b = window
     ends = frame.groupby("request_id")["end"].max().to_dict() if len(frame) else {}
     lengths = {r: min(e, b if b is not None else e) - a for r, e in ends.items()}
@@ -62,14 +70,19 @@ def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int
         c0, c1 = (start - a) // n, -(-(end - a) // n)
         edges = np.clip(a + np.arange(c0, c1 + 1) * n, start, end)
         held = np.diff(dcp_shard_tokens(edges, row.shards, row.interleave, row.shard))
-        category = TEMPORARY if row.kind == "temporary" else SOURCES.index(row.source)
+        if row.kind == "temporary":
+            category = TEMPORARY
+        else:
+            category, held = SOURCES.index(row.source), held * kv_fraction(row)
         first = offset[row.request_id] + c0
         counts[category, bands[(row.gpu, row.kind)], first:first + len(held)] += held
     size = np.concatenate([np.minimum(n, lengths[r] - n * np.arange(c))
                            for r, c in zip(order, cells)]) if order else np.zeros(0)
     held = counts.sum(axis=0)
     share = np.divide(held, size, out=np.zeros_like(held), where=size > 0)
-    z = np.where(held > 0, counts.argmax(axis=0) + 0.05 + 0.9 * np.minimum(share, 1.0), np.nan)
+    # the square root spreads small shares apart (1/16 and 1/8 must look different)
+    z = np.where(held > 0, 1.05 + counts.argmax(axis=0) + 0.9 * np.sqrt(np.minimum(share, 1.0)),
+                 0.5)
     return {"cell_tokens": n, "requests": order, "window": (a, b),
             "request_cells": dict(zip(order, cells.tolist())), "offsets": offset,
             "lengths": {r: int(lengths[r]) for r in order}, "z": z, "share": share,
@@ -77,10 +90,11 @@ def grid(frame: pd.DataFrame, order: list[str], bands: dict[tuple[int, str], int
 
 
 def colorscale(colors: dict[str, str]) -> list:
-    """Banded: category i spans [i, i+1) of z, from a pale tint of its colour to it."""
-    k = len(CATEGORIES)
-    scale = []
-    for i, name in enumerate(CATEGORIES):
+    """Banded: [0, 1) of z is empty (white); category i spans [i+1, i+2), from a pale
+    tint of its colour to the colour itself (use zmin=0, zmax=len(CATEGORIES) + 1)."""
+    k = len(CATEGORIES) + 1
+    scale = [[0.0, "#FFFFFF"], [1 / k, "#FFFFFF"]]
+    for i, name in enumerate(CATEGORIES, start=1):
         scale += [[i / k, _tint(colors[name])], [(i + 1) / k, colors[name]]]
     return scale
 

@@ -31,7 +31,7 @@ def build(figure_class, num_gpus: int):
                    zeroline=False),
         yaxis=dict(title="GPU", autorange="reversed", showgrid=False, zeroline=False,
                    automargin=True)))
-    fig.add_heatmap(z=[[]], colorscale=colorscale(COLORS), zmin=0, zmax=len(CATEGORIES),
+    fig.add_heatmap(z=[[]], colorscale=colorscale(COLORS), zmin=0, zmax=len(CATEGORIES) + 1,
                     showscale=False, hoverinfo="skip")
     fig.add_scatter(x=[], y=[], mode="lines+markers", name="queries computed this step",
                     line=dict(color="black", width=2), marker=dict(size=4, color="black"),
@@ -44,13 +44,11 @@ def build(figure_class, num_gpus: int):
     return fig
 
 
-def draw(fig, data: dict, gpus: list, name: str, compact: bool = False) -> None:
-    """Fill `fig` from `data`; `compact`: the grid as a float32 array (a static
-    figure's typed array) rather than a list with None for empty cells (JSON, which a
-    live widget's messages need)."""
+def draw(fig, data: dict, gpus: list, name: str) -> None:
+    """Fill `fig` from `data` (a view's `figure_data`)."""
     n = data["cell_tokens"]
     heat, queries, separators = fig.data[0], fig.data[1], fig.data[2]
-    heat.z = _grid(data["z"], compact)
+    heat.z = data["z"].astype(np.float32) if data["z"].size else [[]]
     heat.x, heat.y = data["x_edges"], data["y_edges"]
     # position p of request r is drawn at x_of[r] + p (cells start at the window's a)
     x_of = {r: data["offsets"][r] * n for r in data["requests"]}
@@ -69,24 +67,15 @@ def draw(fig, data: dict, gpus: list, name: str, compact: bool = False) -> None:
     cell = f"1 cell = {n:,} token{'s' if n > 1 else ''}"
     fig.layout.title = dict(x=0.01, text=(
         f"KV placement · {name} · {len(gpus)} GPUs · after step {data['step']}: "
-        f"{len(data['requests'])} request(s), {tokens:,} tokens<br><sup>{cell}; pale = the "
-        f"GPU holds a share of the cell's tokens (a DCP shard)</sup>"))
+        f"{len(data['requests'])} request(s), {tokens:,} tokens<br><sup>{cell}; full colour = "
+        f"the GPU keeps all of those tokens' KV, pale = a share (a DCP shard, a slice of the KV "
+        f"heads, a PP stage's layers)</sup>"))
     parts = ["token position"]
     if (a, b) != (0, None):
         parts.append(f"positions {a:,} to {'the end' if b is None else f'{b:,}'}")
     if len(data["requests"]) > 1:
         parts.append("requests side by side")
     fig.layout.xaxis.title = f"{', '.join(parts)} ({cell})"
-
-
-def _grid(z: np.ndarray, compact: bool):
-    if not z.size:
-        return [[]]
-    if compact:
-        return z.astype(np.float32)
-    cells = np.round(z, 3).astype(object)
-    cells[np.isnan(z)] = None  # NaN is not JSON: a widget message would be dropped
-    return cells.tolist()
 
 
 def _query_marks(data: dict, x_of: dict) -> tuple[list, list]:

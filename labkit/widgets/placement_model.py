@@ -13,14 +13,16 @@ of it comes from events:
 - `BlocksFreed`: the request's KV is gone (finished, preempted, sent on).
 
 Like the block-table model it keeps a log, so the state after any step can be rebuilt
-(`state_at`); a fast-forwarded decode run announces each of its steps' tokens, so the
-state after step k is the same with `sim_fast_forward` on or off.
+(`state_at`, from the nearest saved state: a look at an old step of a long run stays
+quick); a fast-forwarded decode run announces each of its steps' tokens, so the state
+after step k is the same with `sim_fast_forward` on or off.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from labkit.engine.events import (
     BlocksFreed, CacheHit, Forked, KVFetched, KVLoaded, KVTransferred, RequestTokens,
@@ -29,6 +31,16 @@ from labkit.engine.events import (
 from labkit.widgets.base import EventModel
 
 SOURCES = ("computed", "cached", "forked", "loaded", "transferred")
+CHECKPOINT = 256  # log entries between two saved states
+
+
+class StepTokens(NamedTuple):
+    """What a request's latest step computed."""
+
+    seq: int  # the step (steps completed when it ended)
+    context: int  # tokens with KV before it
+    num_new: int  # tokens it computed
+    decode: bool
 
 
 @dataclass(slots=True)
@@ -38,7 +50,11 @@ class HeldKV:
     rank: int
     held: int = 0  # tokens with KV
     spans: tuple = ()  # ((start, end, source), ...): KV that was not computed here
-    step: tuple | None = None  # (step seq, context, new tokens, decode) of its last step
+    step: StepTokens | None = None  # its latest step
+
+    def step_at(self, seq: int) -> StepTokens | None:
+        """Its step if that was step `seq` (what the view shows), else None."""
+        return self.step if self.step is not None and self.step.seq == seq else None
 
     def sources(self, end: int) -> list[tuple[int, int, str]]:
         """Positions [0, end) as runs of one source each (the rest was computed)."""
@@ -84,17 +100,22 @@ class PlacementState(dict):
             start = kv.spans[-1][1] if kv.spans else 0
         kv.spans = kv.spans + ((start, start + event.num_tokens, source),)
 
+    def copy(self) -> PlacementState:
+        out = PlacementState(self.block_size)
+        out.update({rid: HeldKV(kv.rank, kv.held, kv.spans, kv.step) for rid, kv in self.items()})
+        return out
+
     def _tokens(self, event: RequestTokens, j: int, seq: int) -> None:
         for i, rid in enumerate(event.request_ids):
             kv = self.get(rid)
             if kv is None:
                 kv = self[rid] = HeldKV(int(event.ranks[i]))
             kv.held = int(event.held[j, i])
-            kv.step = (seq, int(event.context[j, i]), int(event.num_new[j, i]),
-                       bool(event.decode[j, i]))
+            kv.step = StepTokens(seq, int(event.context[j, i]), int(event.num_new[j, i]),
+                                 bool(event.decode[j, i]))
         # forget requests freed in an earlier step (kept one step for its temporaries)
         for rid in [r for r, kv in self.items()
-                    if kv.held == 0 and kv.step is not None and kv.step[0] < seq]:
+                    if kv.held == 0 and kv.step is not None and kv.step.seq < seq]:
             del self[rid]
 
 
@@ -107,6 +128,9 @@ class KVPlacementModel(EventModel):
         # (step seq, event, column): events between the end of step k and the end of
         # step k+1 belong to k+1; a RequestTokens column j to its own step
         self.log: list[tuple[int, object, int]] = []
+        # (log length, the state after those entries) every CHECKPOINT entries, so a
+        # look at an old step replays at most that many
+        self.checkpoints: list[tuple[int, PlacementState]] = [(0, self.live.copy())]
         super().__init__(engine)
 
     def on_event(self, event) -> None:
@@ -114,19 +138,24 @@ class KVPlacementModel(EventModel):
             return
         if isinstance(event, RequestTokens):
             for j in range(len(event.step_index)):
-                seq = self.steps_done + j + 1
-                self.log.append((seq, event, j))
-                self.live.apply(event, j, seq)
-            return
-        self.log.append((self.steps_done + 1, event, 0))
-        self.live.apply(event, 0, self.steps_done + 1)
+                self._record(self.steps_done + j + 1, event, j)
+        else:
+            self._record(self.steps_done + 1, event, 0)
+
+    def _record(self, seq: int, event, column: int) -> None:
+        self.log.append((seq, event, column))
+        self.live.apply(event, column, seq)
+        if len(self.log) % CHECKPOINT == 0:
+            self.checkpoints.append((len(self.log), self.live.copy()))
 
     def state_at(self, upto_step: int | None = None) -> tuple[int, PlacementState]:
         """(step, the requests' KV when step `step` had just completed); None: now."""
         if upto_step is None:
             return self.steps_done, self.live
-        state = PlacementState(self.block_size)
         stop = bisect.bisect_right(self.log, upto_step, key=lambda entry: entry[0])
-        for seq, event, column in self.log[:stop]:
+        done, state = self.checkpoints[bisect.bisect_right(
+            self.checkpoints, stop, key=lambda c: c[0]) - 1]
+        state = state.copy()
+        for seq, event, column in self.log[done:stop]:
             state.apply(event, column, seq)
         return upto_step, state

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from labkit.engine.layouts import dcp_shard_tokens
+from labkit.widgets.gpu_kv import kv_fraction
 
 
 def held_tokens(frame: pd.DataFrame, kind: str = "persistent") -> dict[int, int]:
@@ -40,9 +41,7 @@ def per_gpu(frame: pd.DataFrame, gpus: list, model) -> pd.DataFrame:
                                 "temporary_tokens": int})
     persistent = frame[frame.kind == "persistent"]
     per_rank = persistent.groupby(["dp_rank", "request_id"]).end.max().groupby(level=0).sum()
-    heads = 1 if model.is_mla else model.num_kv_heads
-    fraction = [len(g.heads.range) / heads * len(g.layers.range) / model.num_layers
-                for g in gpus]
+    fraction = [kv_fraction(model, g.heads, g.layers) for g in gpus]
     tokens = out.dp_rank.map(per_rank).fillna(0).to_numpy()
     out["kv_share"] = np.divide(out.persistent_tokens.to_numpy() * fraction, tokens,
                                 out=np.zeros(len(out)), where=tokens > 0)

@@ -254,14 +254,26 @@ def test_zoom_shows_the_dcp_interleave_token_by_token(interleave):
     assert view.figure_data()["requests"] == ["r0", "r1"]
 
 
-def test_live_figure_sends_json_the_widget_can_carry():
-    """Empty cells go to the browser as null: NaN is not JSON and a widget message
-    carrying one is dropped (the figure would never update)."""
-    import json
-
+def test_live_figure_carries_no_nan():
+    """NaN is not JSON: a widget message carrying one is dropped (the figure would never
+    update). Empty cells are drawn white instead."""
     engine, view = run(DSV3, "dep8", prompts=(900, 1300))
     view.flush()
-    z = view.figure.to_plotly_json()["data"][0]["z"]
-    text = json.dumps(z, allow_nan=False)
-    assert "null" in text  # the ranks without requests
+    z = np.asarray(view.figure.data[0].z)
+    assert np.isfinite(z).all() and (z == 0.5).any()  # the ranks without requests
     assert view.figure.layout.xaxis.title.text.endswith("(1 cell = 8 tokens)")
+
+
+@pytest.mark.parametrize("model,layout,share_of", [
+    (L70, "tp8", lambda gpu: 1 / 8),                       # one KV head of 8
+    (L70, "tp4", lambda gpu: 2 / 8),                       # two of 8
+    (DSV3, "tp8xpp2", lambda gpu: (31 if gpu < 8 else 30) / 61),  # its stage's layers
+    (DSV3, "tp8", lambda gpu: 1.0),                        # MLA: the whole latent
+])
+def test_shade_is_the_share_of_each_tokens_kv_a_gpu_keeps(model, layout, share_of):
+    engine, view = run(model, layout, prompts=(4096,))
+    data = view.figure_data()
+    for gpu in range(engine.layout.gpus):
+        share = data["share"][data["bands"][(gpu, "persistent")]]
+        full = share[:-1]  # every cell but the last, partly filled one
+        assert full == pytest.approx(np.full(len(full), share_of(gpu)))
