@@ -55,7 +55,7 @@ def in_flight(engine, dp: int, rid: str) -> list[int]:
 @pytest.mark.parametrize("model,layout,knobs", [
     ("tiny-deepseek-v3", "dcp2", {}),
     ("tiny-deepseek-v3", "pcp2xdcp2", {"dcp_kv_cache_interleave_size": 4}),
-    ("tiny-llama", "tp2", {}),
+    ("tiny-deepseek-v3", "pcp2", {}),  # every PCP rank keeps all of it
     ("tiny-llama", "tp4xdcp2", {"dcp_kv_cache_interleave_size": 2}),
     ("tiny-llama", "dp2xpp2", {}),  # each request on its rank; layers split by stage
 ])

@@ -5,6 +5,7 @@ The references are the engine's own per-request counters (`num_cached_tokens`,
 """
 
 import pandas as pd
+import pytest
 
 from labkit import Engine
 from labkit.engine.disagg import PDEngine
@@ -49,23 +50,30 @@ def test_prefix_cache_hits_and_forks_show_as_cached_and_forked():
     assert min(seen.values()) >= 5
 
 
-def test_offload_tier_loads_show_as_loaded():
-    engine = Engine(model=DSV3, layout="tp8", hardware="h200", max_model_len=1 << 20,
-                    num_gpu_blocks_override=400, cpu_kv_gib=64)
+@pytest.mark.parametrize("layout,knobs,counter,source", [
+    # a prefix evicted from the GPUs but kept by the node's CPU tier
+    ("tp8", dict(num_gpu_blocks_override=400, cpu_kv_gib=64), "num_offload_tokens", "loaded"),
+    # a session routed away from the rank that caches it: its prefix is fetched
+    ("dep8", dict(session_kv_migration="fetch"), "num_fetched_tokens", "transferred"),
+])
+def test_prefixes_from_elsewhere_show_where_they_came_from(layout, knobs, counter, source):
+    engine = Engine(model=DSV3, layout=layout, hardware="h200", max_model_len=1 << 20,
+                    **knobs)
     view = KVPlacementView(engine)
     replay(engine, sessions=10, concurrency=4, duration_s=600)
-    loads = 0
-    while engine.step() and loads < 5:
+    seen = 0
+    while engine.step() and seen < 5:
         frame = view.placement()
         for rid in frame.request_id.unique():
             req = engine.requests[rid]
-            if not req.num_offload_tokens or req.num_preemptions:
+            if not getattr(req, counter) or req.num_preemptions:
                 continue
-            loaded = [(a, b) for a, b, s in spans(frame, rid) if s == "loaded"]
-            end = req.num_cached_tokens  # cached here + loaded, at admission
-            assert loaded == [(end - req.num_offload_tokens, end)]
-            loads += 1
-    assert loads >= 5
+            moved = [(a, b) for a, b, s in spans(frame, rid, frame[frame.request_id == rid]
+                                                 .gpu.iloc[0]) if s == source]
+            end = req.num_cached_tokens  # cached here + brought over, at admission
+            assert moved == [(end - getattr(req, counter), end)]
+            seen += 1
+    assert seen >= 5
 
 
 def test_pd_transferred_prompts_show_as_transferred():
