@@ -7,16 +7,59 @@ Its **figure** (a plotly `FigureWidget`) is redrawn from the model inside one
 `batch_update`, at most every `min_interval_s` of wall time, however fast events
 arrive: a long replay stays responsive.
 
-Every model also remembers *when* things happened in steps (`steps_done`, the number
-of steps its engine has completed), so a view can show a finished run as it was at
-any step (`show_step`), which the dashboard's slider uses.
+**Steps.** Every model numbers the steps its engine completes, in the order their
+`StepsCompleted` events arrive (`steps_done`; with DEP one lockstep step of all ranks
+is one step), so a view can show the run as it was after any step (`show_step`) —
+the dashboard's *step* button and slider. The engine may fast-forward a run of
+steady decode steps in one go; its events still carry the exact times of their
+steps, so a model places each event in its step by time (`StepClock.includes`): an
+event belongs to the state after step k of its instance if it happened before that
+step ended, or at its very end and is an end-of-step event (caching, freeing) that
+arrived before the step was reported. Allocations at that instant open the next step.
+
+Figures take the notebook's width (`autosize`, no fixed width), label every axis with
+its unit, and draw an explicit empty state rather than a bare axis.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 
 from labkit.engine.events import StepsCompleted
+
+
+class StepClock:
+    """When each step ended, per instance, in arrival order (steps are numbered 1, 2, ...)."""
+
+    def __init__(self, engine) -> None:
+        self.instance_of_rank = {r: inst.index for inst in engine.instances for r in inst.ranks}
+        self.seqs: dict[int, list[int]] = {inst.index: [] for inst in engine.instances}
+        self.ends: dict[int, list[float]] = {inst.index: [] for inst in engine.instances}
+
+    def record(self, event: StepsCompleted, first_seq: int) -> None:
+        ends = (event.start + event.duration).tolist()
+        self.seqs[event.instance].extend(range(first_seq, first_seq + len(ends)))
+        self.ends[event.instance].extend(ends)
+
+    def last_step(self, rank: int, upto_step: int) -> tuple[int, float]:
+        """(step number, end time) of the latest step of `rank`'s instance numbered
+        <= upto_step; (0, -inf) before its first."""
+        inst = self.instance_of_rank[rank]
+        i = bisect.bisect_right(self.seqs[inst], upto_step)
+        return (self.seqs[inst][i - 1], self.ends[inst][i - 1]) if i else (0, -math.inf)
+
+    def includes(self, t: float, tag: int, end_of_step: bool, step: tuple[int, float]) -> bool:
+        """Does an event at time t, which arrived while step `tag` was next, belong to
+        the state after `step` = (number, end)? (See the module docstring.)"""
+        seq, end = step
+        return t < end or (t == end and end_of_step and tag <= seq)
+
+    def cut(self, log: list, step: tuple[int, float]) -> int:
+        """How many entries of a rank's log, (t, tag, end_of_step, ...) in arrival
+        order, belong to the state after `step`: they are a prefix of the log."""
+        return bisect.bisect_left(log, True, key=lambda e: not self.includes(*e[:3], step))
 
 
 class EventModel:
@@ -27,6 +70,7 @@ class EventModel:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.steps_done = 0
+        self.clock = StepClock(engine)
         self._subscription = engine.events.subscribe(self._on_event, StepsCompleted,
                                                      *self.kinds)
         self.listeners: list = []
@@ -34,6 +78,7 @@ class EventModel:
     def _on_event(self, event) -> None:
         self.on_event(event)
         if isinstance(event, StepsCompleted):
+            self.clock.record(event, self.steps_done + 1)
             self.steps_done += len(event.step_index)
         for listener in self.listeners:
             listener()
@@ -98,3 +143,40 @@ class EngineView:
         from IPython.display import display
 
         display(self.figure)
+
+
+# ------------------------------------------------------------------ figure helpers
+def new_figure(height: int, **layout):
+    """A FigureWidget that fills the notebook's width (no fixed width: plotly
+    autosizes it to its cell) with room for a legend above the plot."""
+    import plotly.graph_objects as go
+
+    base = dict(autosize=True, height=height, margin=dict(l=70, r=20, t=60, b=50),
+                legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+                template="plotly_white")
+    base.update(layout)
+    return go.FigureWidget(layout=base)
+
+
+def empty_state(figure, message: str | None) -> None:
+    """Hide the axes and say why nothing is drawn (or restore them: message None)."""
+    shown = message is None
+    figure.for_each_xaxis(lambda axis: axis.update(visible=shown))
+    figure.for_each_yaxis(lambda axis: axis.update(visible=shown))
+    notes = [a for a in figure.layout.annotations if a.name != "empty"]
+    if not shown:
+        notes.append(dict(name="empty", text=message, x=0.5, y=0.5, xref="paper",
+                          yref="paper", showarrow=False, font=dict(size=14, color="#666")))
+    figure.layout.annotations = notes
+
+
+def on_x_zoom(figure, callback) -> None:
+    """Call `callback((lo, hi) or None)` when the reader zooms the x axis (or resets
+    it): views re-aggregate their data for the visible range."""
+    def changed(xaxis, rng, autorange):
+        if autorange:
+            callback(None)
+        elif rng is not None:
+            callback((float(rng[0]), float(rng[1])))
+
+    figure.layout.xaxis.on_change(changed, "range", "autorange")
