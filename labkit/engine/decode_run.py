@@ -56,6 +56,9 @@ class DecodeRun:
     width: int  # tokens per decode step (1 + drafts)
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
+    # the latest playback: its first step, each request's tokens before it and after
+    # each of its steps (n, steps) — what `tokens` reports
+    played: tuple = (0, None, None)
 
     @property
     def steps(self) -> int:
@@ -107,7 +110,15 @@ class DecodeRun:
                 scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
         self.allocated = alloc_stop
+        self.played = (first, before, after)
         return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, requests) arrays for steps [first, stop) of the latest playback:
+        each request's tokens with KV before the step and after it."""
+        start, before, after = self.played
+        held = np.concatenate([before[:, None], after], axis=1).T
+        return held[first - start : stop - start], held[first - start + 1 : stop - start + 1]
 
     def _emit_tokens(self, first: int, stop: int, gained: np.ndarray, ends) -> list:
         if stop <= first:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from labkit.engine.engine import _COMMIT, Engine
-from labkit.engine.events import EventBus
+from labkit.engine.events import EventBus, KVTransferred
 from labkit.engine.metrics import ReplayResult
 from labkit.engine.request import Request, Status
 from labkit.engine.transfer import PrefixTransfer
@@ -211,6 +211,9 @@ class PDEngine:
 
         def admit(r: Request, now: float) -> float:
             r.num_transferred_tokens = tokens - cached
+            if decode.events.wants(KVTransferred):
+                decode.events.emit(KVTransferred(now, r.rank, r.request_id, cached,
+                                                 tokens - cached, seconds))
             if self.backend == "compute":
                 self._copy_kv(prefill, shadow, decode, r, cached, tokens)
             self.transfers.append({"request_id": r.request_id, "start_s": now,

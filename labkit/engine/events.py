@@ -123,6 +123,29 @@ class StepsCompleted(Event):
     temporary_kv_bytes: np.ndarray  # per GPU of the rank: gathered/broadcast KV in flight
 
 
+@dataclass(slots=True)
+class RequestTokens(Event):
+    """Per request, where its tokens stood in each of one or more consecutive steps of
+    an instance (columns as in StepsCompleted, emitted just before it).
+
+    Arrays have shape (steps, requests): `context` is the tokens with KV before the
+    step, `num_new` the tokens the step computed for it (0: it waited, e.g. for KV on
+    the wire), `decode` whether those were decode tokens, `held` the tokens whose KV
+    it holds after the step (0 once its blocks are freed). Requests are those running
+    on the instance's ranks (`ranks[i]` is request i's DP rank).
+    """
+
+    kind: ClassVar[str] = "request_tokens"
+    instance: int
+    step_index: np.ndarray  # (steps,)
+    request_ids: list[str]
+    ranks: np.ndarray  # (requests,)
+    context: np.ndarray  # (steps, requests)
+    num_new: np.ndarray
+    decode: np.ndarray
+    held: np.ndarray
+
+
 # -------------------------------------------------------------------- blocks
 @dataclass(slots=True)
 class BlocksAllocated(Event):
@@ -198,6 +221,20 @@ class KVFetched(Event):
     rank: int
     request_id: str
     src_rank: int
+    num_tokens: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class KVTransferred(Event):
+    """P/D disaggregation: a call's prompt KV from position `start` (what the decode
+    group did not cache) to `start + num_tokens` came over the network from the
+    prefill group that computed it, into `rank`'s blocks; it lands `seconds` later."""
+
+    kind: ClassVar[str] = "kv_transferred"
+    rank: int
+    request_id: str
+    start: int
     num_tokens: int
     seconds: float
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
-from labkit.engine.events import EventBus, StepsCompleted, StepStarted
+from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepStarted
 from labkit.engine.sim.work import StepTiming, StepWork
 
 MAX_RUN_STEPS = 512
@@ -140,14 +140,18 @@ class Instance:
     def commit(self, plan: Plan) -> list:
         """Apply a plan at its end time; returns the requests it finished."""
         if plan.run is not None:
-            first = plan.run.committed
-            pairs = plan.run.play(plan.run.steps, plan.run.steps)
+            first, steps = plan.run.committed, plan.run.steps
+            pairs = plan.run.play(steps, steps)
+            # the steps before the last one end before anyone finishes (as stepping
+            # one by one would announce them)
+            last = steps - 1 if pairs else steps
+            self._emit_steps(plan, first, last)
             finished = []
             for s, req in pairs:
                 s.kv.set_time(plan.end)
                 s.finish(req, plan.end)
                 finished.append(req)
-            self._emit_steps(plan, first, plan.run.steps)
+            self._emit_steps(plan, max(first, last), steps)
         else:
             finished = []
             for s, batch in zip(self.schedulers, plan.batches):
@@ -184,12 +188,15 @@ class Instance:
         """StepsCompleted for steps [first, stop) of the plan; advances the counter."""
         if stop <= first:
             return
+        start = plan.run.start if plan.run is not None else np.array([plan.start])
+        end = float(start[stop - 1] + plan.timing.duration[stop - 1])
+        if self.events.wants(RequestTokens):
+            self._emit_tokens(plan, first, stop, end)
         if self.events.wants(StepsCompleted):
             w, t = plan.work, plan.timing
-            start = plan.run.start if plan.run is not None else np.array([plan.start])
             cut = slice(first, stop)
             self.events.emit(StepsCompleted(
-                t=float(start[stop - 1] + t.duration[stop - 1]), instance=self.index,
+                t=end, instance=self.index,
                 ranks=self.ranks, step_index=np.arange(self.step_index,
                                                        self.step_index + stop - first),
                 start=start[cut], duration=t.duration[cut], busy=t.busy[cut],
@@ -202,6 +209,34 @@ class Instance:
                 temporary_kv_bytes=t.temporary_kv_bytes[cut],
             ))
         self.step_index += stop - first
+
+    def _emit_tokens(self, plan: Plan, first: int, stop: int, end: float) -> None:
+        """RequestTokens for steps [first, stop) of the plan (before the counter moves)."""
+        if plan.run is not None:
+            pairs = plan.run.pairs
+            context, held = plan.run.tokens(first, stop)
+            num_new = np.full_like(context, plan.run.width)
+            decode = np.ones(context.shape, dtype=bool)
+        else:
+            rows = []  # (scheduler, request, context, new tokens, decode)
+            for s, batch in zip(self.schedulers, plan.batches):
+                rows += [(s, *entry) for entry in zip(batch.requests, batch.contexts,
+                                                       batch.num_new_tokens, batch.is_decode)]
+                stepped = set(map(id, batch.requests))
+                rows += [(s, r, r.num_computed_tokens, 0, False) for r in s.running
+                         if id(r) not in stepped]  # waiting for KV on the wire
+            pairs = [(s, r) for s, r, *_ in rows]
+            context = np.array([[row[2] for row in rows]], dtype=np.int64)
+            num_new = np.array([[row[3] for row in rows]], dtype=np.int64)
+            decode = np.array([[row[4] for row in rows]], dtype=bool)
+            held = np.array([[r.num_computed_tokens for _, r in pairs]], dtype=np.int64)
+        still = np.array([r.request_id in s.kv.tables for s, r in pairs], dtype=bool)
+        self.events.emit(RequestTokens(
+            t=end, instance=self.index,
+            step_index=np.arange(self.step_index, self.step_index + stop - first),
+            request_ids=[r.request_id for _, r in pairs],
+            ranks=np.array([s.rank for s, _ in pairs], dtype=np.int64),
+            context=context, num_new=num_new, decode=decode, held=held * still))
 
 
 def _finishes(batch, accepted: int, tokens: dict | None = None) -> bool:

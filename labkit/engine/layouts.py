@@ -52,11 +52,13 @@ ACT_BYTES = 2  # activations travel in bf16
 DISPATCH_BYTES = 1  # MoE dispatch in fp8 (DeepEP-style), combine in bf16
 
 
-def dcp_shard_tokens(num_tokens: int, dcp: int, interleave: int, rank: int = 0) -> int:
-    """Tokens of a num_tokens context that DCP rank `rank` keeps (exact)."""
-    cycle = interleave * dcp
-    full, rest = divmod(num_tokens, cycle)
-    return full * interleave + min(max(rest - rank * interleave, 0), interleave)
+def dcp_shard_tokens(num_tokens, dcp: int, interleave: int, rank: int = 0):
+    """Tokens of a num_tokens context that DCP rank `rank` keeps (exact): the positions
+    p < num_tokens with (p // interleave) % dcp == rank. An int, or an array of them
+    for an array of contexts."""
+    full, rest = np.divmod(num_tokens, interleave * dcp)
+    kept = full * interleave + np.clip(rest - rank * interleave, 0, interleave)
+    return int(kept) if np.ndim(kept) == 0 else kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +313,10 @@ def check_layout(model: ModelSpec, layout: Layout) -> None:
                 f"the TP group, but {model.name}'s {heads} KV head(s) over tp{layout.tp} "
                 f"leave only {limit}x (kvpp <= tp/kv_heads)"
             )
+    if layout.kvpp > 1 and layout.dcp > 1:
+        raise ConfigError(f"layout {layout.text!r}: kvpp{layout.kvpp} and dcp{layout.dcp} "
+                          f"both spread the KV copies of the TP group (by layer, by token); "
+                          f"use one of them")
     if layout.kvpp > 1 and layout.kvpp > model.num_full_attention_layers:
         raise ConfigError(f"layout {layout.text!r}: kvpp{layout.kvpp} exceeds "
                           f"{model.name}'s {model.num_full_attention_layers} attention layers")

@@ -16,9 +16,10 @@ from labkit.widgets.compare import Compare
 from labkit.widgets.dashboard import VIEWS, Dashboard
 from labkit.widgets.layout_choices import options as layout_options
 from labkit.widgets.lockstep import LockstepModel, LockstepView
+from labkit.widgets.placement import KVPlacementView
 from labkit.widgets.prefix_cache import PrefixCacheModel, PrefixCacheView
 from labkit.widgets.rank_kv import RankKVModel, RankKVView
 
-__all__ = ["VIEWS", "BlockTableModel", "BlockTableView", "Compare", "Dashboard", "LockstepModel",
-           "LockstepView", "PrefixCacheModel", "PrefixCacheView", "RankKVModel", "RankKVView",
-           "layout_options"]
+__all__ = ["VIEWS", "BlockTableModel", "BlockTableView", "Compare", "Dashboard",
+           "KVPlacementView", "LockstepModel", "LockstepView", "PrefixCacheModel",
+           "PrefixCacheView", "RankKVModel", "RankKVView", "layout_options"]

@@ -176,6 +176,7 @@ def test_collectives_per_layer():
     (DSV3, "tp8xkvpp3", ["kvpp3"]),
     (L8, "pp64", ["pp64", "layers"]),
     (L70, "tp8xkvpp8", ["kvpp8", "kv_heads"]),        # GQA tp8: no replication to spread
+    (DSV3, "tp8xdcp2xkvpp2", ["kvpp2", "dcp2"]),      # both would spread the same copies
 ])
 def test_impossible_layouts_are_refused(model, layout, words):
     with pytest.raises(ConfigError) as err:

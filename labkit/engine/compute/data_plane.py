@@ -74,6 +74,8 @@ class ComputeDataPlane:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv_manager = kv_manager
         check_window_support(spec, layout)
+        if layout.kvpp > 1:
+            raise ConfigError(f"layout {layout.text!r}: the compute plane does not run kvpp yet")
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
         self.cluster = VirtualCluster(self.mesh.world_size)

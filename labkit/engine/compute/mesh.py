@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.errors import ConfigError
 from labkit.specs.layout import Layout
 from labkit.specs.models import ModelSpec
 
@@ -68,7 +67,6 @@ class Mesh:
         self.gpus_per_replica = lo.pp * lo.pcp * lo.tp
         self.world_size = lo.dp * self.gpus_per_replica
         self._stage_layers = _split_layers(spec.num_layers, lo.pp)
-        self._check()
         self.places = [self._place(g) for g in range(self.world_size)]
 
     def gpu(self, dp: int, stage: int, pcp_index: int, tp_index: int) -> int:
@@ -87,12 +85,6 @@ class Mesh:
         return tp_index if self.layout.tp <= kv else tp_index // (self.layout.tp // kv)
 
     # ---------------------------------------------------------------- internals
-    def _check(self) -> None:
-        # dcp vs the KV replication is checked with the layout (engine/layouts.py)
-        if self.layout.kvpp > 1:
-            raise ConfigError(f"layout {self.layout.text!r}: the compute plane does not run "
-                              "kvpp yet")
-
     def _place(self, g: int) -> RankPlace:
         lo = self.layout
         tp_index = g % lo.tp
