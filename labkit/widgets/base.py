@@ -3,9 +3,15 @@
 A view is two things. Its **model** is plain Python: it subscribes to the engine's
 events and keeps exactly what the view would draw, step by step — so a test can run
 an engine, then compare the model with what the engine did, with no browser at all.
-Its **figure** (a plotly `FigureWidget`) is redrawn from the model inside one
-`batch_update`, at most every `min_interval_s` of wall time, however fast events
-arrive: a long replay stays responsive.
+Its **figure** (a plotly `Figure`) is redrawn from the model at most every
+`min_interval_s` of wall time, however fast events arrive, and shown in the view's
+`widget` (an ipywidgets `Output`): a long replay stays responsive.
+
+Why not plotly's `FigureWidget`? It draws whatever state reached the browser before
+its own code finished loading — a figure updated in that window, or one shown inside
+a container, comes up empty, and it never resizes to its cell. A figure sent whole
+to plotly's own renderer, redrawn by replacing it, always shows what the model holds
+and follows the notebook's width.
 
 **Steps.** Every model numbers the steps its engine completes, in the order their
 `StepsCompleted` events arrive (`steps_done`; with DEP one lockstep step of all ranks
@@ -17,13 +23,15 @@ event belongs to the state after step k of its instance if it happened before th
 step ended, or at its very end and is an end-of-step event (caching, freeing) that
 arrived before the step was reported. Allocations at that instant open the next step.
 
-Figures take the notebook's width (`autosize`, no fixed width), label every axis with
-its unit, and draw an explicit empty state rather than a bare axis.
+Figures take the notebook's width (`autosize` and plotly's `responsive` config),
+label every axis with its unit, and draw an explicit empty state, not a bare axis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import json
 import math
 import time
 
@@ -95,17 +103,19 @@ class EngineView:
 
     min_interval_s = 0.25
 
-    def __init__(self, model: EventModel, figure=None) -> None:
+    def __init__(self, model: EventModel) -> None:
         self.model = model
-        self.figure = figure if figure is not None else self.make_figure()
         self.shown_step: int | None = None  # None: follow the engine live
         self._last_draw = 0.0
         self.redraws = 0
-        model.listeners.append(self._maybe_redraw)
+        self.figure = plain(self.make_figure())
+        self.widget = FigureOutput()
         self.redraw()
+        model.listeners.append(self._maybe_redraw)
 
     # -- to implement ------------------------------------------------------------
     def make_figure(self):  # pragma: no cover
+        """The figure with all its traces, empty (a plotly Figure)."""
         raise NotImplementedError
 
     def figure_data(self, upto_step: int | None = None) -> dict:  # pragma: no cover
@@ -124,6 +134,7 @@ class EngineView:
         data = self.figure_data(self.shown_step)
         with self.figure.batch_update():
             self.draw(data)
+        self.widget.show(self.figure)
         self._last_draw = time.monotonic()
         self.redraws += 1
 
@@ -139,23 +150,79 @@ class EngineView:
     def detach(self) -> None:
         self.model.detach()
 
-    def _ipython_display_(self):  # shown as its figure in a notebook
+    def _ipython_display_(self):  # shown as its widget in a notebook
         from IPython.display import display
 
-        display(self.figure)
+        display(self.widget)
+        refresh_soon([self.widget])
 
 
 # ------------------------------------------------------------------ figure helpers
+def FigureOutput():  # noqa: N802 - reads as the widget class it builds
+    """An ipywidgets Output that shows one plotly figure at the width of its cell."""
+    import ipywidgets as widgets
+
+    class _FigureOutput(widgets.Output):
+        def show(self, figure) -> None:
+            """Replace what is shown with `figure`, sent whole to plotly's renderer.
+
+            The figure goes in the widget's state (`outputs`), not through the
+            kernel's output stream: nothing is written into the notebook's cells, and
+            what `nbval` compares stays the cells' own output."""
+            spec = json.loads(figure.to_json())  # numpy and NaN made plain JSON
+            bundle = {PLOTLY_MIME: {"data": spec.get("data", []),
+                                    "layout": spec.get("layout", {}), "config": CONFIG},
+                      "text/plain": f"<figure: {figure.layout.title.text or ''}>"}
+            self.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+        def refresh(self) -> None:
+            """Have the browser draw the figure again (now that it is on the page)."""
+            shown, self.outputs = self.outputs, ()
+            self.outputs = shown
+
+    return _FigureOutput(layout=widgets.Layout(width="100%"))
+
+
+def refresh_soon(outputs, delays=(0.3, 1.5)) -> None:
+    """Draw figures (`FigureOutput`s) again shortly after they are put on screen, on
+    the kernel's event loop.
+
+    A figure the browser renders before its output is attached to the page (a new
+    dashboard, a rebuild's fresh views) comes up zero pixels tall; drawing it again
+    once it is on the page fixes that. Outside a kernel there is no page: no-op."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    for delay in delays:
+        loop.call_later(delay, lambda: [output.refresh() for output in outputs])
+
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+CONFIG = {"responsive": True, "displaylogo": False}
+
+
+def plain(figure):
+    """A plain plotly Figure of `figure` (a FigureWidget is copied, then closed)."""
+    import plotly.graph_objects as go
+
+    if isinstance(figure, go.FigureWidget):
+        copy = go.Figure(figure)
+        figure.close()
+        return copy
+    return figure
+
+
 def new_figure(height: int, **layout):
-    """A FigureWidget that fills the notebook's width (no fixed width: plotly
-    autosizes it to its cell) with room for a legend above the plot."""
+    """A figure that fills the notebook's width (no fixed width: plotly autosizes it
+    to its cell) with room for a legend above the plot."""
     import plotly.graph_objects as go
 
     base = dict(autosize=True, height=height, margin=dict(l=70, r=20, t=60, b=50),
                 legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
                 template="plotly_white")
     base.update(layout)
-    return go.FigureWidget(layout=base)
+    return go.Figure(layout=base)
 
 
 def empty_state(figure, message: str | None) -> None:
@@ -168,15 +235,3 @@ def empty_state(figure, message: str | None) -> None:
         notes.append(dict(name="empty", text=message, x=0.5, y=0.5, xref="paper",
                           yref="paper", showarrow=False, font=dict(size=14, color="#666")))
     figure.layout.annotations = notes
-
-
-def on_x_zoom(figure, callback) -> None:
-    """Call `callback((lo, hi) or None)` when the reader zooms the x axis (or resets
-    it): views re-aggregate their data for the visible range."""
-    def changed(xaxis, rng, autorange):
-        if autorange:
-            callback(None)
-        elif rng is not None:
-            callback((float(rng[0]), float(rng[1])))
-
-    figure.layout.xaxis.on_change(changed, "range", "autorange")

@@ -12,9 +12,10 @@ and whether others use it too:
 - *from CPU* / *from disk*: loaded from the node's offload tiers (`KVLoaded`).
 
 Nothing is cut off silently. A table wider than the plot is aggregated — each column
-stands for k consecutive blocks, drawn in their most common state, and the title says
-k; zoom in (drag over the plot) and the visible range is redrawn block by block. More
-requests than `rows` are paged (`view.page`), and the title says which page.
+stands for k consecutive blocks, drawn in their most common state (hover: the count
+of each), and the title says k; `view.zoom(first, last)` draws a range of blocks one
+by one. More requests than `rows` are paged (`view.show_page`), and the title says
+which page.
 
 The model rebuilds the tables from block events alone (`CacheHit`, `Forked`,
 `BlocksAllocated`, `CopyOnWrite`, `BlocksFreed`, `BlocksCached`, `BlocksEvicted`,
@@ -32,7 +33,7 @@ from labkit.engine.events import (
     BlocksAllocated, BlocksCached, BlocksEvicted, BlocksFreed, CacheHit, CopyOnWrite, Forked,
     KVLoaded,
 )
-from labkit.widgets.base import EngineView, EventModel, empty_state, new_figure, on_x_zoom
+from labkit.widgets.base import EngineView, EventModel, empty_state, new_figure
 
 STATES = {"empty": 0, "computed": 1, "prefix hit": 2, "shared": 3, "forked": 4, "copied": 5,
           "cpu": 6, "disk": 7}
@@ -184,10 +185,9 @@ class BlockTableView(EngineView):
                  ranks=None) -> None:
         self.rows, self.columns = rows, columns
         self.page = 0
-        self.window: tuple[float, float] | None = None  # zoomed logical-block range
+        self.window: tuple[int, int] | None = None  # logical blocks drawn (first, last)
         self.models = {r: BlockTableModel(engine, r) for r in sorted({rank, *(ranks or ())})}
         super().__init__(self.models[rank])
-        on_x_zoom(self.figure, self._zoomed)
 
     def show_rank(self, rank: int) -> None:
         self.model.listeners.remove(self._maybe_redraw)
@@ -213,8 +213,10 @@ class BlockTableView(EngineView):
                         hovertemplate="%{y}<br>%{customdata}<extra></extra>")
         return fig
 
-    def _zoomed(self, window) -> None:
-        self.window = window
+    def zoom(self, first: int | None = None, last: int | None = None) -> None:
+        """Draw logical blocks first..last only (block by block when they fit);
+        no arguments: whole tables."""
+        self.window = None if first is None else (first, last)
         self.redraw()
 
     def figure_data(self, upto_step=None) -> dict:
@@ -226,8 +228,8 @@ class BlockTableView(EngineView):
         width = max((len(b) for b in data["blocks"][rows]), default=0)
         lo, hi = 0, width
         if self.window is not None:
-            lo = max(0, math.floor(self.window[0] + 0.5))
-            hi = min(width, max(lo + 1, math.ceil(self.window[1] + 0.5)))
+            lo = max(0, self.window[0])
+            hi = min(width, max(lo + 1, self.window[1] + 1))
         grid = aggregate(data["state"][rows], data["refs"][rows], lo, hi, self.columns)
         data.update(page=page, pages=pages, shown=shown, **grid)
         return data
@@ -246,6 +248,7 @@ class BlockTableView(EngineView):
         heat.y = data["shown"]
         heat.z = data["cells"]
         heat.customdata = data["hover"]
+        self.figure.layout.height = 190 + 26 * max(len(data["shown"]), 4)
         first = data["page"] * self.rows
         paging = (f"; requests {first + 1}-{first + len(data['shown'])} of "
                   f"{len(data['requests'])} (page {data['page'] + 1}/{data['pages']})"

@@ -28,6 +28,7 @@ import pandas as pd
 
 from labkit.engine.engine import Engine
 from labkit.errors import ConfigError
+from labkit.widgets.base import FigureOutput, refresh_soon
 from labkit.widgets.dashboard import FULL_WIDTH, VIEWS, view_grid
 from labkit.widgets.lockstep import LockstepModel
 from labkit.widgets.prefix_cache import PrefixCacheModel
@@ -70,8 +71,9 @@ class Compare(widgets.VBox):
                              if name not in TIME_SERIES}
                          for k, e in self.engines.items()}
         self.time_s = 0.0
-        self.timeline = timeline_figure(self.layouts, {k: m.ranks for k, m in
-                                                       self.lockstep.items()})
+        self.timeline = timeline_figure(self.layouts,
+                                        {k: m.ranks for k, m in self.lockstep.items()})
+        self.timeline_widget = FigureOutput()
         self._build_widgets()
         self.show_time(0.0)
 
@@ -86,14 +88,19 @@ class Compare(widgets.VBox):
         self.table = widgets.HTML(layout=FULL_WIDTH)
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run())
-        pictures = [widgets.VBox([widgets.HTML(f"<b>{html.escape(layout)}</b>"), view.figure],
+        pictures = [widgets.VBox([widgets.HTML(f"<b>{html.escape(layout)}</b>"), view.widget],
                                  layout=FULL_WIDTH)
                     for layout, views in self.pictures.items() for view in views.values()]
         self.children = [
             widgets.HBox([self.step_button, self.seconds, self.run_button],
                          layout=widgets.Layout(flex_flow="row wrap")),
             self.status, self.table,
-            widgets.Box([self.timeline], layout=FULL_WIDTH), view_grid(pictures)]
+            self.timeline_widget, view_grid(pictures)]
+
+    def _repr_mimebundle_(self, **kwargs):
+        refresh_soon([self.timeline_widget] + [v.widget for views in self.pictures.values()
+                                               for v in views.values()])
+        return super()._repr_mimebundle_(**kwargs)
 
     # ------------------------------------------------------------- driving
     def step(self, seconds: float | None = None) -> bool:
@@ -119,6 +126,7 @@ class Compare(widgets.VBox):
         """Show every figure as it was at time t (seconds)."""
         self.time_s = t
         draw_timeline(self.timeline, self.timeline_data(t))
+        self.timeline_widget.show(self.timeline)
         for layout, views in self.pictures.items():
             step = self.lockstep[layout].steps_by(t)
             for view in views.values():

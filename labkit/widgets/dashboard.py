@@ -31,15 +31,18 @@ import ipywidgets as widgets
 from labkit.engine.engine import Engine
 from labkit.errors import ConfigError
 from labkit.specs.config import ROUTER_POLICIES
+from labkit.widgets.base import refresh_soon
 from labkit.widgets.block_table import BlockTableView
 from labkit.widgets.controls import NARROW, DeploymentControls, quiet
 from labkit.widgets.lockstep import LockstepView
+from labkit.widgets.placement import KVPlacementView
 from labkit.widgets.prefix_cache import PrefixCacheView
 from labkit.widgets.rank_kv import RankKVView
 from labkit.widgets.status import describe_step
 
 # name -> how to build that view of an engine (rank: the DP rank the reader picked)
 VIEWS = {
+    "placement": lambda engine, rank: KVPlacementView(engine),
     "lockstep": lambda engine, rank: LockstepView(engine),
     "kv": lambda engine, rank: RankKVView(engine),
     "blocks": lambda engine, rank: BlockTableView(
@@ -50,7 +53,7 @@ FULL_WIDTH = widgets.Layout(width="100%")
 
 
 def view_grid(items: list) -> widgets.GridBox:
-    """Figures (or boxes) in as many columns of >= 620 px as the notebook's width allows."""
+    """Views' widgets in as many columns of >= 620 px as the notebook's width allows."""
     return widgets.GridBox(
         [widgets.Box([f], layout=FULL_WIDTH) for f in items],
         layout=widgets.Layout(width="100%", grid_gap="8px",
@@ -142,14 +145,20 @@ class Dashboard(widgets.VBox):
             self.rank.options = ranks
             self.rank.value = min(self.rank.value or 0, ranks[-1])
         self.views = {name: make(engine, self.rank.value) for name, make in VIEWS.items()}
-        self.children = [self.controls, view_grid([v.figure for v in self.views.values()])]
-        self._set_busy(None)
+        self.children = [self.controls, view_grid([v.widget for v in self.views.values()])]
         self.show_step(0)
+        refresh_soon([v.widget for v in self.views.values()])
+        self._set_busy(None)
         return True
+
+    def _repr_mimebundle_(self, **kwargs):
+        refresh_soon([v.widget for v in self.views.values()])
+        return super()._repr_mimebundle_(**kwargs)
 
     def _drop_views(self) -> None:
         for view in self.views.values():
             view.detach()
+            view.widget.close()  # the browser forgets it too
         self.views, self.engine, self.run_handle = {}, None, None
         self.children = [self.controls]
         with quiet(self):

@@ -8,9 +8,9 @@ coloured by the share of the time it spent in steps that it stalled
 (`stall / (busy + stall)`, in %). Bins where a rank ran no step stay grey. A prefill on
 one rank stalling all the others shows as a red column with one white cell.
 
-Zooming in (drag, or the range slider under the plot) re-bins the visible range, down
-to single steps. Data: `StepsCompleted` only; `model.frame()` is every step of every
-rank, `figure_data()` the binned grid.
+Zoom with the range slider under the plot (or drag over it); `view.zoom(t0, t1)` bins
+just that range, down to single steps. Data: `StepsCompleted` only; `model.frame()`
+is every step of every rank, `figure_data()` the binned grid.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import bisect
 import numpy as np
 
 from labkit.engine.events import StepsCompleted
-from labkit.widgets.base import EngineView, EventModel, empty_state, new_figure, on_x_zoom
+from labkit.widgets.base import EngineView, EventModel, empty_state, new_figure
 
 COLUMNS = ("seq", "instance", "step_index", "rank", "start_s", "duration_s", "busy_s",
            "compute_s", "comm_s", "stall_s", "prefill_tokens", "decode_tokens",
@@ -136,11 +136,10 @@ def _time_in(edges: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
 class LockstepView(EngineView):
     """Heatmap: DP ranks x time, colour = stall share of the time spent in steps (%)."""
 
-    def __init__(self, engine, bins: int = 240) -> None:
+    def __init__(self, engine, bins: int = 600) -> None:
         self.bins = bins
-        self.window: tuple[float, float] | None = None  # the zoomed time range
+        self.window: tuple[float, float] | None = None  # the time range binned
         super().__init__(LockstepModel(engine))
-        on_x_zoom(self.figure, self._zoomed)
 
     def make_figure(self):
         fig = new_figure(
@@ -151,12 +150,16 @@ class LockstepView(EngineView):
             plot_bgcolor="#e5e5e5")
         fig.add_heatmap(
             z=[], x=[], y=[], zmin=0, zmax=100, colorscale="Reds",
-            colorbar=dict(title=dict(text="stall<br>% of step time"), ticksuffix=" %"),
-            hovertemplate="%{y}, t = %{x:.2f} s<br>%{customdata}<extra></extra>")
+            colorbar=dict(title=dict(text="stalled, % of step time", side="right"),
+                          ticksuffix=" %", len=1.0, thickness=14),
+            hovertemplate="%{y}, t = %{x:.3f} s: stalled %{z:.0f} % of its step time<br>"
+                          "busy %{customdata[0]:.1f} ms, stalled %{customdata[1]:.1f} ms, "
+                          "%{customdata[2]} prefill tokens<extra></extra>")
         return fig
 
-    def _zoomed(self, window) -> None:
-        self.window = window
+    def zoom(self, start_s: float | None = None, end_s: float | None = None) -> None:
+        """Bin only [start_s, end_s) (finer columns); no arguments: the whole run."""
+        self.window = None if start_s is None else (start_s, end_s)
         self.redraw()
 
     def figure_data(self, upto_step=None) -> dict:
@@ -174,10 +177,8 @@ class LockstepView(EngineView):
         heat.x = ((edges[:-1] + edges[1:]) / 2).tolist()
         heat.y = [f"rank {r}" for r in data["ranks"]]
         heat.z = np.where(np.isnan(data["stall_share"]), None, data["stall_share"]).tolist()
-        heat.customdata = [
-            [f"busy {1e3 * b:.1f} ms, stalled {1e3 * s:.1f} ms of {1e3 * width:.1f} ms; "
-             f"{int(p)} prefill tokens" for b, s, p in zip(br, sr, pr)]
-            for br, sr, pr in zip(data["busy_s"], data["stall_s"], data["prefill_tokens"])]
+        heat.customdata = np.stack([1e3 * data["busy_s"], 1e3 * data["stall_s"],
+                                    data["prefill_tokens"]], axis=-1).round(2)
         self.figure.layout.title.text = (
             f"Lockstep: share of each rank's step time spent stalled "
             f"({data['steps']} steps, {1e3 * width:.3g} ms per column)")

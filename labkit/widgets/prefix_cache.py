@@ -69,7 +69,7 @@ class PrefixCacheView(EngineView):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        fig = go.FigureWidget(make_subplots(
+        fig = go.Figure(make_subplots(
             rows=2, cols=1, vertical_spacing=0.2,
             subplot_titles=("prefix-cache hit rate so far (token-weighted)",
                             f"prompt tokens of the last {self.last} calls admitted")))
@@ -77,9 +77,9 @@ class PrefixCacheView(EngineView):
                         showlegend=False, hovertemplate="t = %{x:.1f} s: %{y:.1f} %")
         fig.add_bar(name="from the cache", marker_color="#54A24B", x=[], y=[], row=2, col=1)
         fig.add_bar(name="computed", marker_color="#E45756", x=[], y=[], row=2, col=1)
-        fig.update_layout(barmode="stack", height=460, autosize=True, template="plotly_white",
+        fig.update_layout(barmode="stack", height=480, autosize=True, template="plotly_white",
                           margin=dict(l=70, r=20, t=60, b=50),
-                          legend=dict(orientation="h", yanchor="bottom", y=0.38, x=1.0,
+                          legend=dict(orientation="h", yanchor="top", y=-0.16, x=1.0,
                                       xanchor="right"))
         fig.update_xaxes(title_text="time (s)", row=1, col=1)
         fig.update_yaxes(title_text="hit rate (%)", range=[0, 100], row=1, col=1)

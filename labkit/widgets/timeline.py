@@ -38,7 +38,7 @@ def timeline_figure(layouts: list[str], ranks: dict[str, list[int]]):
     from plotly.subplots import make_subplots
 
     heights = [max(len(ranks[k]), 2) for k in layouts] + [5, 4]
-    fig = go.FigureWidget(make_subplots(
+    fig = go.Figure(make_subplots(
         rows=len(layouts) + 2, cols=1, shared_xaxes=True, vertical_spacing=0.035,
         row_heights=[h / sum(heights) for h in heights],
         subplot_titles=[f"{k}: lockstep (DP ranks)" for k in layouts]
@@ -68,7 +68,8 @@ def timeline_figure(layouts: list[str], ranks: dict[str, list[int]]):
         plot_bgcolor="#e5e5e5", margin=dict(l=70, r=20, t=60, b=50),
         title="Layouts side by side on one time axis",
         coloraxis=dict(colorscale="Reds", cmin=0, cmax=100,
-                       colorbar=dict(title=dict(text="stall<br>% of step time"),
+                       colorbar=dict(title=dict(text="stalled, % of step time",
+                                                side="right"), thickness=14,
                                      ticksuffix=" %", len=0.5, y=1.0, yanchor="top")),
         legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
     return fig
