@@ -218,7 +218,7 @@ def new_figure(height: int, **layout):
     to its cell) with room for a legend above the plot."""
     import plotly.graph_objects as go
 
-    base = dict(autosize=True, height=height, margin=dict(l=70, r=20, t=60, b=50),
+    base = dict(autosize=True, height=height, margin=dict(l=70, r=20, t=75, b=50),
                 legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
                 template="plotly_white")
     base.update(layout)

@@ -253,12 +253,11 @@ class BlockTableView(EngineView):
         paging = (f"; requests {first + 1}-{first + len(data['shown'])} of "
                   f"{len(data['requests'])} (page {data['page'] + 1}/{data['pages']})"
                   if data["pages"] > 1 else "")
-        scale = f"; each column = {k} blocks (most common state; zoom for detail)" \
-            if k > 1 else ""
+        scale = f"; a column = {k} blocks (most common state)" if k > 1 else ""
         self.figure.layout.title.text = (
-            f"Block tables, DP rank {rank}: {data['blocks_in_use']} blocks in use, "
+            f"Block tables, DP rank {rank}<br><sup>{data['blocks_in_use']} blocks in use, "
             f"{data['shared_blocks']} shared, {data['cached_free_blocks']} cached free"
-            f"{paging}{scale}")
+            f"{paging}{scale}</sup>")
 
     def show_page(self, page: int) -> None:
         self.page = page

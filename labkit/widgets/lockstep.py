@@ -180,5 +180,5 @@ class LockstepView(EngineView):
         heat.customdata = np.stack([1e3 * data["busy_s"], 1e3 * data["stall_s"],
                                     data["prefill_tokens"]], axis=-1).round(2)
         self.figure.layout.title.text = (
-            f"Lockstep: share of each rank's step time spent stalled "
-            f"({data['steps']} steps, {1e3 * width:.3g} ms per column)")
+            f"Lockstep: share of each rank's step time spent stalled<br><sup>"
+            f"{data['steps']} steps; a column = {1e3 * width:.3g} ms; grey: no step</sup>")

@@ -70,7 +70,7 @@ class PrefixCacheView(EngineView):
         from plotly.subplots import make_subplots
 
         fig = go.Figure(make_subplots(
-            rows=2, cols=1, vertical_spacing=0.2,
+            rows=2, cols=1, vertical_spacing=0.28,
             subplot_titles=("prefix-cache hit rate so far (token-weighted)",
                             f"prompt tokens of the last {self.last} calls admitted")))
         fig.add_scatter(name="hit rate", mode="lines", x=[], y=[], row=1, col=1,

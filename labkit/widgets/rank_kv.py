@@ -124,10 +124,11 @@ class RankKVView(EngineView):
                                  for p, c in zip(data["persistent"], data["capacity"])]
         temporary.y = [t / GIB for t in data["temporary"]]
         twin.x, twin.y = [labels[0][:1], labels[1][:1]], [0]
-        self.figure.layout.yaxis.range = [0, top]
-        self.figure.layout.yaxis2.range = [0, 100 * top / capacity if capacity else 100]
-        shard = f", each GPU keeps 1/{self.model.dcp} of the tokens (DCP)" \
+        self.figure.layout.yaxis.update(range=[0, top], autorange=False)
+        self.figure.layout.yaxis2.update(range=[0, 100 * top / capacity if capacity else 100],
+                                         autorange=False)
+        shard = f"; each keeps 1/{self.model.dcp} of the tokens (DCP)" \
             if self.model.dcp > 1 else ""
         self.figure.layout.title.text = (
-            f"KV per GPU: {self.model.gpus_per_rank} GPU(s) per DP rank{shard}; "
-            f"capacity {capacity:.1f} GiB per GPU")
+            f"KV per GPU (GiB, capacity {capacity:.1f} GiB per GPU)<br><sup>"
+            f"{self.model.gpus_per_rank} GPU(s) per DP rank{shard}</sup>")

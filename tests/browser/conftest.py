@@ -44,6 +44,11 @@ def lab(tmp_path_factory):
     root = tmp / "notebooks"
     shutil.copytree(REPO / "notebooks", root,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    # draw every cell, also those off screen (JupyterLab skips them by default), so
+    # whole-notebook pictures show every figure
+    settings = tmp / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     port = _free_port()
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))

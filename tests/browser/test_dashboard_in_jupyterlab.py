@@ -53,7 +53,7 @@ def test_pick_dcp_rebuild_step_then_a_refused_layout(lab, browser):
     nbformat.write(nb, root / "browser_dashboard.ipynb")
     page = open_notebook(browser, lab, "browser_dashboard.ipynb", width=1280, height=1400)
     try:
-        run_all(page, cells=2)
+        run_all(page)
         dashboard = page.locator(".widget-vbox").first
         page.wait_for_function(PLACEMENT, timeout=120_000)
         _select(page, "model", "deepseek-v3")
