@@ -1,115 +1,130 @@
-"""The dashboard, for real: JupyterLab in headless Chromium runs the dashboard
-tutorial and the widget views render. A screenshot is saved as a test artefact
-(test-artifacts/dashboard.png). Needs Debian's `chromium` (`.ci/run` installs it)."""
+"""The dashboard, for real: JupyterLab in headless Chromium, driven by clicks.
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
+A scratch notebook shows a Dashboard (Qwen3-30B-A3B as DEP2). The test then does what
+a reader does — picks DeepSeek-V3, layout DCP with degree 8, *rebuild*, *step* — and
+checks the placement figure on the page (eight GPU bands, each holding one token in
+eight of every request) and the view's data in the kernel; then types a layout the
+model refuses into *exact*, rebuilds, and checks that the refusal is on screen and no
+figure is left. Pictures: test-artifacts/dashboard-dcp8.png, dashboard-refused.png.
+"""
+
+import json
+import re
 import time
-import urllib.request
-from pathlib import Path
 
-import pytest
+import nbformat
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = "tutorials/09_workbench_dashboard.ipynb"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-TOKEN = "labkit-browser-test"
-# Flags for a sandboxed, offline machine (no GPU, no network beyond localhost).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
+from browser_support import open_notebook, run_all, shoot
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                "(apt-get install chromium; .ci/run does it)")
+SETUP = """\
+from labkit import generate_agentx_trace
+from labkit.widgets import Dashboard
+trace = generate_agentx_trace(4, seed=1, block_size=64, shared_prefix_tokens=1024,
+                              initial_context_median=3000, output_median=60,
+                              tool_result_median=300, main_calls_median=6,
+                              context_window_tokens=40_000, compact_threshold_tokens=20_000)
+dash = Dashboard(trace, model="qwen3-30b-a3b", layout="dep2", hardware="h200",
+                 concurrency=4, duration_s=20)
+dash"""
+CHECK = """\
+import json
+p = dash.views["placement"].placement(dash.shown_step) if dash.views else None
+print("RESULT", json.dumps(None if p is None else {
+    "layout": dash.engine.layout.text, "step": dash.shown_step,
+    "gpus": sorted(set(p.gpu.tolist())),
+    "ownership": sorted({(int(r.gpu), int(r.shards), int(r.shard), int(r.interleave))
+                         for r in p.itertuples()}),
+    "requests": int(p.request_id.nunique())}))"""
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab")
-    port = _free_port()
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"),
-               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
-    log = open(tmp / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
-         f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={TOKEN}",
-         f"--ServerApp.root_dir={REPO / 'notebooks'}",
-         f"--LabApp.workspaces_dir={tmp / 'workspaces'}", "--LabApp.news_url=None"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    else:
-        proc.terminate()
-        pytest.fail(f"JupyterLab did not start:\n{(tmp / 'lab.log').read_text()[-3000:]}")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+PLACEMENT = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+    .find(g => g.layout && String(g.layout.title && g.layout.title.text)
+      .startsWith('KV placement'));
+  return gd ? {title: gd.layout.title.text, ticks: gd.layout.yaxis.ticktext || []} : null;
+}"""
 
 
-def test_dashboard_renders(lab):
-    from playwright.sync_api import sync_playwright
+def test_pick_dcp_rebuild_step_then_a_refused_layout(lab, browser):
+    _, root = lab
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(CHECK)],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}})
+    nbformat.write(nb, root / "browser_dashboard.ipynb")
+    page = open_notebook(browser, lab, "browser_dashboard.ipynb", width=1280, height=1400)
+    try:
+        run_all(page)
+        dashboard = page.locator(".widget-vbox").first
+        page.wait_for_function(PLACEMENT, timeout=120_000)
+        _select(page, "model", "deepseek-v3")
+        _select(page, "layout", "DCP")
+        _select(page, "degree", "8  (tp8xdcp8)")
+        assert page.locator(".widget-text:has(label:text-is('exact')) input").input_value() \
+            == "tp8xdcp8"
+        page.get_by_role("button", name="rebuild").click()
+        page.wait_for_function("document.body.innerText.includes('tp8xdcp8 on 8 x h200')",
+                               timeout=120_000)
+        for _ in range(3):
+            page.get_by_role("button", name="step").click()
+        page.wait_for_function("document.body.innerText.includes('step 3 of')",
+                               timeout=60_000)
+        page.wait_for_function(
+            PLACEMENT.replace("return gd ?", "return gd && gd.layout.title.text.includes("
+                              "'tp8xdcp8') && gd.layout.title.text.includes('after step 3') ?"),
+            timeout=60_000)
+        figure = page.evaluate(PLACEMENT)
+        shoot(page, "dashboard-dcp8", dashboard)
+        result = _run_check(page)
 
-    artefacts = REPO / "test-artifacts"
-    artefacts.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1700, "height": 1300})
-        try:
-            _run_dashboard(page, lab, artefacts)
-            plots = page.locator(".js-plotly-plot").count()
-            titles = page.eval_on_selector_all(".js-plotly-plot .gtitle",
-                                               "els => els.map(e => e.textContent || '')")
-        except Exception:
-            page.screenshot(path=str(artefacts / "dashboard-failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
-    assert plots >= 4
-    assert any("Lockstep" in t for t in titles)
-    assert any("Block tables" in t for t in titles)
-    assert (artefacts / "dashboard.png").stat().st_size > 20_000
+        # a layout the model refuses: the refusal stays, no figure is left
+        exact = page.locator(".widget-text:has(label:text-is('exact')) input")
+        exact.fill("tp8xdcp16")
+        exact.press("Enter")
+        page.get_by_role("button", name="rebuild").click()
+        page.wait_for_function("document.body.innerText.includes('cannot build tp8xdcp16')",
+                               timeout=60_000)
+        figures_left = dashboard.locator(".js-plotly-plot").count()
+        stepped = page.get_by_role("button", name="step").is_disabled()
+        refused = _run_check(page)
+        shoot(page, "dashboard-refused", dashboard)
+        status = page.inner_text("body")
+    except Exception:
+        shoot(page, "dashboard-failure")
+        raise
+    finally:
+        page.close()
+
+    # the page: eight GPU bands; each keeps one token in eight of every request
+    assert "tp8xdcp8" in figure["title"] and len(figure["ticks"]) == 8
+    total = int(re.search(r"([\d,]+) tokens", figure["title"]).group(1).replace(",", ""))
+    held = [int(re.search(r"([\d,]+) tok", t).group(1).replace(",", "")) for t in figure["ticks"]]
+    assert sum(held) == total and max(held) - min(held) <= result["requests"]
+    # the kernel: GPU g holds positions p with p % 8 == g (interleave 1)
+    assert result["layout"] == "tp8xdcp8" and result["step"] == 3
+    assert result["gpus"] == list(range(8))
+    assert result["ownership"] == [[g, 8, g, 1] for g in range(8)]
+    # refused: said so, nothing stale left, nothing to step
+    assert figures_left == 0 and stepped and refused is None
+    assert "dcp16 must divide the tp*pcp group" in status
 
 
-def _run_dashboard(page, lab, artefacts):
-    page.goto(f"{lab}/lab/tree/{NOTEBOOK}?token={TOKEN}", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                           timeout=120_000)
-    # "idle" can show before the kernel's connection is up; run all until cell 1 ran
-    for _ in range(6):
-        time.sleep(3)
-        page.get_by_text("Run", exact=True).first.click()
-        page.get_by_text("Run All Cells", exact=True).first.click()
-        try:
-            page.wait_for_function(
-                "[...document.querySelectorAll('.jp-InputPrompt')]"
-                ".some(p => p.textContent.includes('[1]'))", timeout=20_000)
-            break
-        except Exception:
-            continue
-    # the dashboard: its buttons, and its four plotly figures drawn
-    page.wait_for_selector("button:has-text('play')", timeout=180_000)
+def _select(page, label: str, option: str) -> None:
+    page.locator(f".widget-dropdown:has(label:text-is('{label}')) select").select_option(
+        label=option)
+    time.sleep(0.5)  # the kernel recomputes the other choices
+
+
+def _run_check(page):
+    """Run the check cell again and read its RESULT line."""
+    cell = page.locator(".jp-CodeCell").nth(1)
+    before = cell.locator(".jp-OutputArea-output").all_inner_texts()
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
     page.wait_for_function(
-        "document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=180_000)
-    no = page.get_by_role("button", name="No", exact=True)  # the news pop-up
-    if no.count():
-        no.first.click()
-    page.locator(".js-plotly-plot").nth(1).scroll_into_view_if_needed()
-    time.sleep(2)  # let the figures finish drawing before the picture
-    page.screenshot(path=str(artefacts / "dashboard.png"), full_page=True)
+        """([n, before]) => {
+            const out = document.querySelectorAll('.jp-CodeCell')[n]
+                .querySelector('.jp-OutputArea-output');
+            return out && out.innerText.includes('RESULT') && out.innerText !== before;
+        }""", arg=[1, before[0] if before else ""], timeout=60_000)
+    text = cell.locator(".jp-OutputArea-output").first.inner_text()
+    return json.loads(text.split("RESULT", 1)[1].strip())
