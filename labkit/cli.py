@@ -3,6 +3,7 @@
     labkit trace gen --kind agentx --sessions N --seed S [--tiny] --out FILE.jsonl
     labkit trace stats FILE [--format auto|labkit|mooncake] [--json]
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
+                  [--timeline FILE.json]
                   [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
@@ -116,15 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
     loop = replay.add_mutually_exclusive_group(required=True)
     loop.add_argument("--concurrency", type=int, help="closed loop: sessions in flight")
     loop.add_argument("--open-loop", action="store_true", help="arrive at trace timestamps")
-    replay.add_argument("--duration-s", type=float, help="simulated seconds to run")
+    replay.add_argument("--duration-s", type=float,
+                        help="simulated seconds to run (a trace that runs out sooner ends the "
+                             "run, and the summary's window, where it ran out)")
     replay.add_argument("--warmup-s", type=float, default=0.0,
                         help="exclude calls arriving before this from the summary")
     replay.add_argument("--max-idle-s", type=float, help="cap on tool gaps (closed loop)")
     replay.add_argument("--start-part-way", action=argparse.BooleanOptionalAction,
-                        default=True, help="start the first sessions at a random turn")
+                        default=False, help="start the first sessions at a random turn, as "
+                        "AgentX does; their first calls then prefill whole contexts cold, so "
+                        "pair it with --warmup-s (default: off, sessions start at turn one)")
     replay.add_argument("--loop-trace", action=argparse.BooleanOptionalAction, default=True,
                         help="closed loop: start over with fresh ids when sessions run out")
     replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json")
+    replay.add_argument("--timeline", metavar="FILE",
+                        help="write the run as Chrome / Perfetto trace-event JSON (.json or "
+                             ".json.gz; open it in ui.perfetto.dev)")
     replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: on for a terminal)")
@@ -240,16 +248,27 @@ def _replay(args) -> int:
                     backend=args.backend, cost_model=args.cost_model, **compute,
                     **knobs_from_args(args))
     progress = sys.stderr.isatty() if args.progress is None else args.progress
+    timeline = None
+    if args.timeline:
+        from labkit.exporters import TimelineRecorder
+
+        timeline = TimelineRecorder(engine)
     result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                            open_loop=args.open_loop, warmup_s=args.warmup_s,
                            max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
                            loop_trace=args.loop_trace, progress=progress)
     if args.out:
         result.save(args.out)
+    if timeline is not None:
+        timeline.save(args.timeline)
     if args.json:
         print(json.dumps(result.summary, default=_plain))
     else:
         print(format_summary(result.summary))
+    if result.summary.get("warnings"):  # on stderr: --json output stays one JSON object
+        from labkit.engine.run_health import format_warnings
+
+        print(format_warnings(result.summary["warnings"]), file=sys.stderr)
     return 0
 
 

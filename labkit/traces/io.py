@@ -119,9 +119,17 @@ def _line(req: TraceRequest, block_size: int) -> str:
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` as labkit JSONL (gzipped if the name ends in .gz), atomically
-    (temp file + rename)."""
+    (temp file + rename), creating missing parent folders. An error names ``path``,
+    never the temporary file."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=".tmp")
+    except OSError as err:
+        blocked = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocked} is a file, not a folder" if blocked else err.strerror
+        raise OSError(f"cannot write {path}: {reason}") from None
     try:
         with os.fdopen(fd, "wb") as raw:
             # A ``.gz`` target is compressed (block ids compress ~8x); mtime=0 keeps

@@ -14,6 +14,8 @@ from labkit.widgets.dashboard import Dashboard, layout_string
 from labkit.widgets.lockstep import LockstepModel, LockstepView
 from labkit.widgets.prefix_cache import PrefixCacheModel, PrefixCacheView
 from labkit.widgets.rank_kv import RankKVModel, RankKVView
+from labkit.widgets.request_gantt import RequestGantt, RequestGanttModel
 
 __all__ = ["BlockTableModel", "BlockTableView", "Dashboard", "LockstepModel", "LockstepView",
-           "PrefixCacheModel", "PrefixCacheView", "RankKVModel", "RankKVView", "layout_string"]
+           "PrefixCacheModel", "PrefixCacheView", "RankKVModel", "RankKVView", "RequestGantt",
+           "RequestGanttModel", "layout_string"]
