@@ -9,6 +9,7 @@
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
     labkit bench sim | costmodel | layouts | kernels | compute | kv
+    labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
 from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
@@ -156,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pd_parser(sub, add_knob_flags)
 
+    # `labkit lab ...` hands every option to jupyter lab (main() routes it before parsing)
+    sub.add_parser("lab", help="JupyterLab on this folder: notebooks/ first, runs/ reachable, "
+                               "tracked notebooks unchanged by looking (options go to "
+                               "jupyter lab)")
+
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target",
                        choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv"])
@@ -164,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lab"]:
+        from labkit.lab import run_lab
+
+        return run_lab(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "trace":
