@@ -79,7 +79,7 @@ def test_file_is_trace_event_json(run):
     tids = defaultdict(set)  # a thread id belongs to one process
     for e in doc["traceEvents"]:
         tids[e["tid"]].add(e["pid"])
-    assert all(len(p) == 1 for t, p in tids.items() if t)
+    assert all(len(p) == 1 for p in tids.values())
 
 
 def test_slices_nest_on_every_thread(run):

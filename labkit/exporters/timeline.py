@@ -99,11 +99,13 @@ class TimelineRecorder:
     def events(self) -> list[dict]:
         """The trace events of the run so far (metadata first, then by time)."""
         pid_requests = len(self.ranks) + 1
-        meta = [_meta("process_name", pid_requests, 0, name="requests"),
-                _meta("process_sort_index", pid_requests, 0, sort_index=len(self.ranks))]
+        # process-level metadata sits on the process's own main thread (tid = pid)
+        meta = [_meta("process_name", pid_requests, pid_requests, name="requests"),
+                _meta("process_sort_index", pid_requests, pid_requests,
+                      sort_index=len(self.ranks))]
         for i, rank in enumerate(self.ranks):
-            meta += [_meta("process_name", rank + 1, 0, name=f"DP rank {rank}"),
-                     _meta("process_sort_index", rank + 1, 0, sort_index=i),
+            meta += [_meta("process_name", rank + 1, rank + 1, name=f"DP rank {rank}"),
+                     _meta("process_sort_index", rank + 1, rank + 1, sort_index=i),
                      _meta("thread_name", rank + 1, rank + 1, name="steps")]
         threads, calls = self._request_events(pid_requests)
         meta += threads
@@ -115,41 +117,23 @@ class TimelineRecorder:
         return meta + timed
 
     def _step_events(self) -> list[dict]:
-        out = []
-        last_kv: dict[int, int] = {}
-        for ch in self._steps:
-            start = _us(ch["start"])
-            busy_end = _us(ch["start"][:, None] + ch["busy"])
-            end = _us(ch["start"] + ch["duration"])
-            for j, rank in enumerate(ch["ranks"]):
-                pid = rank + 1
+        """Per rank: a busy slice and a stall slice per step, KV counter on change."""
+        out, kv_shown = [], {}
+        for chunk in self._steps:
+            start = _us(chunk["start"])
+            busy_end = _us(chunk["start"][:, None] + chunk["busy"])
+            end = _us(chunk["start"] + chunk["duration"])
+            for j, rank in enumerate(chunk["ranks"]):
                 for k in range(len(start)):
-                    prefill, decode = int(ch["prefill_tokens"][k, j]), int(ch["decode_tokens"][k, j])
-                    name = ("prefill+decode" if prefill and decode else "prefill" if prefill
-                            else "decode" if decode else "idle")
-                    stall = float(ch["stall"][k, j])
-                    out.append({"ph": "X", "cat": "step", "name": name, "pid": pid, "tid": pid,
-                                "ts": int(start[k]), "dur": int(busy_end[k, j] - start[k]),
-                                "args": {"step": int(ch["step"][k]), "prefill_tokens": prefill,
-                                         "decode_tokens": decode,
-                                         "prefill_requests": int(ch["num_prefill_reqs"][k, j]),
-                                         "decode_requests": int(ch["num_decode_reqs"][k, j]),
-                                         "busy_ms": 1e3 * float(ch["busy"][k, j]),
-                                         "compute_ms": 1e3 * float(ch["compute"][k, j]),
-                                         "comm_ms": 1e3 * float(ch["comm"][k, j]),
-                                         "stall_ms": 1e3 * stall}})
-                    if stall > 0 and end[k] > busy_end[k, j]:
-                        out.append({"ph": "X", "cat": "stall", "name": "stall", "pid": pid,
-                                    "tid": pid, "ts": int(busy_end[k, j]),
-                                    "dur": int(end[k] - busy_end[k, j]),
-                                    "args": {"stall_ms": 1e3 * stall}})
-                    used = int(ch["kv_used_blocks"][k, j])
-                    if last_kv.get(rank) != used:
-                        last_kv[rank] = used
-                        out.append({"ph": "C", "name": "KV cache", "pid": pid, "tid": pid,
-                                    "ts": int(start[k]), "args": {
-                                        "GiB per GPU": float(ch["persistent_kv_bytes"][k, j]) / GIB,
-                                        "usage": used / max(int(ch["total"][j]), 1)}})
+                    out += _step_slices(chunk, k, j, rank + 1, start[k], busy_end[k, j], end[k])
+                    used = int(chunk["kv_used_blocks"][k, j])
+                    if kv_shown.get(rank) != used:
+                        kv_shown[rank] = used
+                        gib = float(chunk["persistent_kv_bytes"][k, j]) / GIB
+                        out.append({"ph": "C", "name": "KV cache", "pid": rank + 1,
+                                    "tid": rank + 1, "ts": int(start[k]), "args": {
+                                        "GiB per GPU": gib,
+                                        "usage": used / max(int(chunk["total"][j]), 1)}})
         return out
 
     def _request_events(self, pid: int) -> tuple[list[dict], list[dict]]:
@@ -212,6 +196,29 @@ class TimelineRecorder:
             Path(tmp).unlink(missing_ok=True)
             raise
         return target
+
+
+def _step_slices(chunk: dict, k: int, j: int, pid: int, start: int, busy_end: int,
+                 end: int) -> list[dict]:
+    """Step k of rank column j: its own work, then its stall (if it waited)."""
+    prefill, decode = int(chunk["prefill_tokens"][k, j]), int(chunk["decode_tokens"][k, j])
+    name = ("prefill+decode" if prefill and decode else "prefill" if prefill
+            else "decode" if decode else "idle")
+    stall = float(chunk["stall"][k, j])
+    out = [{"ph": "X", "cat": "step", "name": name, "pid": pid, "tid": pid, "ts": int(start),
+            "dur": int(busy_end - start),
+            "args": {"step": int(chunk["step"][k]), "prefill_tokens": prefill,
+                     "decode_tokens": decode,
+                     "prefill_requests": int(chunk["num_prefill_reqs"][k, j]),
+                     "decode_requests": int(chunk["num_decode_reqs"][k, j]),
+                     "busy_ms": 1e3 * float(chunk["busy"][k, j]),
+                     "compute_ms": 1e3 * float(chunk["compute"][k, j]),
+                     "comm_ms": 1e3 * float(chunk["comm"][k, j]), "stall_ms": 1e3 * stall}}]
+    if stall > 0 and end > busy_end:
+        out.append({"ph": "X", "cat": "stall", "name": "stall", "pid": pid, "tid": pid,
+                    "ts": int(busy_end), "dur": int(end - busy_end),
+                    "args": {"stall_ms": 1e3 * stall}})
+    return out
 
 
 def _meta(kind: str, pid: int, tid: int, **args) -> dict:
