@@ -62,11 +62,10 @@ class RequestGantt(EngineView):
         import plotly.graph_objects as go
 
         fig = go.FigureWidget(layout=dict(
-            barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=40),
-            title="Calls: queue, prefill, decode", legend=dict(orientation="h", y=1.02,
-                                                               yanchor="bottom", x=1,
-                                                               xanchor="right"),
-            xaxis=dict(title="simulated time (s)", rangemode="tozero"),
+            barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=10),
+            title="Calls: queue, prefill, decode",
+            legend=dict(orientation="h", x=0, y=-0.08, yanchor="top"),
+            xaxis=dict(title="simulated time (s)", automargin=True),
             yaxis=dict(title="call (arrival order)", autorange="reversed", automargin=True)))
         for phase in ("queue", "prefill", "kv_load", "chunk", "decode"):
             fig.add_bar(name=LABELS[phase], orientation="h", marker_color=COLORS[phase],
@@ -100,6 +99,6 @@ class RequestGantt(EngineView):
         if shown < total:
             title += f" — the latest {shown} of {total} calls (view.phases() has all)"
         self.figure.layout.title.text = title
-        self.figure.layout.height = 130 + 18 * max(shown, 3)
+        self.figure.layout.height = 170 + 18 * max(shown, 3)
         self.figure.layout.yaxis.categoryarray = data["calls"]
         self.figure.layout.yaxis.categoryorder = "array"
