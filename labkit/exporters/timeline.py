@@ -22,7 +22,9 @@ whose `traceEvents` list holds events with `ph` "X" (a complete slice: `ts` and 
 "C" (a counter: `args` maps series to values) and "M" (metadata: process and thread
 names and sort order), each with `pid` and `tid`. Times are microseconds; we write
 whole microseconds, because the viewers turn fractional ones into nanoseconds by
-truncation, which can push a child slice a nanosecond past its parent.
+truncation, which can push a child slice a nanosecond past its parent. The optional
+`displayTimeUnit` is left out: Perfetto's JSON importer has read it as the unit of
+the timestamps themselves.
 
 The same events are `recorder.events` (a list of dicts) and `recorder.frame()` (a
 DataFrame); the request phases are `recorder.phases()`.
@@ -169,7 +171,8 @@ class TimelineRecorder:
     def to_json(self) -> dict:
         """The whole document: `traceEvents` plus what run it is (`otherData`)."""
         e = self.engine
-        return {"traceEvents": self.events, "displayTimeUnit": "ms",
+        # no "displayTimeUnit": some Perfetto versions read it as the unit of `ts`
+        return {"traceEvents": self.events,
                 "otherData": {"model": e.model.name, "layout": e.layout.text,
                               "hardware": e.hardware.name, "backend": e.backend,
                               "clock": "simulated seconds from the start of the run"}}
@@ -178,7 +181,8 @@ class TimelineRecorder:
         """Write the timeline (gzipped if `path` ends in .gz), atomically, creating
         missing folders. Returns the path."""
         target = Path(path)
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        # raw UTF-8, no \u escapes: Perfetto's JSON tokenizer does not read those
+        data = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False).encode()
         if target.name.endswith(".gz"):
             data = gzip.compress(data, mtime=0)
         try:
