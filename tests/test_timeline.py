@@ -13,6 +13,7 @@ import json
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from labkit import Engine
@@ -191,16 +192,31 @@ def test_gantt_shows_the_latest_calls_and_says_how_many_it_leaves_out(run):
     assert len(early) < len(gantt.phases())
 
 
-def test_cli_writes_the_timeline(tmp_path, capsys):
+def test_cli_timeline_against_the_parquet_files_of_the_same_run(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     assert main(["trace", "gen", "--sessions", "2", "--seed", "3", "--out", str(trace)]) == 0
     capsys.readouterr()
-    out = tmp_path / "new" / "folder" / "timeline.json"
+    out, path = tmp_path / "run", tmp_path / "new" / "folder" / "timeline.json"
     assert main(["replay", "--trace", str(trace), "--model", "deepseek-v3", "--layout",
                  "dep8", "--concurrency", "2", "--duration-s", "60", "--max-model-len",
-                 "1048576", "--timeline", str(out), "--json"]) == 0
+                 "1048576", "--out", str(out), "--timeline", str(path), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    doc = json.loads(out.read_text())
-    ranks = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
-    assert ranks == {f"DP rank {r}" for r in range(8)} | {"requests"}
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    ranks = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert set(ranks.values()) == {f"DP rank {r}" for r in range(8)} | {"requests"}
     assert doc["otherData"]["layout"] == summary["layout"] == "dep8"
+    steps = pd.read_parquet(out / "steps.parquet")
+    for pid, name in ranks.items():
+        if name == "requests":
+            continue
+        rows = steps[steps["rank"] == int(name.removeprefix("DP rank "))]
+        busy = sum(e["dur"] for e in events if e["pid"] == pid and e.get("cat") == "step")
+        assert abs(busy / 1e6 - rows["busy_s"].sum()) <= len(rows) * 1e-6
+    requests = pd.read_parquet(out / "requests.parquet")
+    calls = {e["args"]["request_id"]: e for e in events
+             if e.get("cat") == "request" and "request_id" in e["args"]}
+    for row in requests[requests["completed"]].itertuples():
+        e = calls[row.request_id]
+        assert e["ts"] == round(row.arrival_s * 1e6)
+        assert abs(e["ts"] + e["dur"] - row.finish_s * 1e6) <= 1
