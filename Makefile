@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# JupyterLab on the project folder (notebooks/ opens first, runs/ is reachable); its
+# terminals have .venv/bin on PATH; opening a tracked notebook leaves git clean
+# (labkit/lab.py). In your own shell: `source .venv/bin/activate` puts labkit on PATH.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	$(BIN)/labkit lab
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --nbval

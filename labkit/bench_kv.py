@@ -19,7 +19,7 @@ import pandas as pd
 
 def _run(label: str, engine, trace, **kw) -> dict:
     t0 = time.perf_counter()
-    s = engine.replay(trace, **kw).summary
+    s = engine.replay(trace, start_part_way=True, **kw).summary
     return {"config": label, "calls": s["requests_completed"],
             "hit_rate": s["prefix_cache_hit_rate"],
             "local_hit_rate": s["prefix_cache_local_hit_rate"],

@@ -6,6 +6,7 @@
     labkit trace stats FILE [--format auto|labkit|mooncake|bailian|azure|agentx|...] [--json]
     labkit trace convert IN OUT [--format ...]   (any format -> labkit JSONL)
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
+                  [--timeline FILE.json]
                   [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
                  [--slo ttft=2,tpot=0.05] [--percentiles 50,90,99] [--gpu-hour-usd X]
                  [--on-oversize error|skip]
@@ -13,6 +14,7 @@
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
     labkit bench sim | costmodel | layouts | kernels | compute | kv
+    labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
 from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
@@ -138,12 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     loop = replay.add_mutually_exclusive_group(required=True)
     loop.add_argument("--concurrency", type=int, help="closed loop: sessions in flight")
     loop.add_argument("--open-loop", action="store_true", help="arrive at trace timestamps")
-    replay.add_argument("--duration-s", type=float, help="simulated seconds to run")
+    replay.add_argument("--duration-s", type=float,
+                        help="simulated seconds to run (a trace that runs out sooner ends the "
+                             "run, and the summary's window, where it ran out)")
     replay.add_argument("--warmup-s", type=float, default=0.0,
                         help="exclude calls arriving before this from the summary")
     replay.add_argument("--max-idle-s", type=float, help="cap on tool gaps (closed loop)")
     replay.add_argument("--start-part-way", action=argparse.BooleanOptionalAction,
-                        default=True, help="start the first sessions at a random turn")
+                        default=False, help="start the first sessions at a random turn, as "
+                        "AgentX does; their first calls then prefill whole contexts cold, so "
+                        "pair it with --warmup-s (default: off, sessions start at turn one)")
     replay.add_argument("--loop-trace", action=argparse.BooleanOptionalAction, default=True,
                         help="closed loop: start over with fresh ids when sessions run out")
     replay.add_argument("--on-oversize", choices=["error", "skip"], default="error",
@@ -157,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "into this folder (all three or none)")
     replay.add_argument("--overwrite", action="store_true",
                         help="replace the results an --out folder already holds")
+    replay.add_argument("--timeline", metavar="FILE",
+                        help="write the run as Chrome / Perfetto trace-event JSON (.json or "
+                             ".json.gz; open it in ui.perfetto.dev)")
     replay.add_argument("--json", action="store_true", help="print the summary as JSON")
     replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: on for a terminal)")
@@ -180,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pd_parser(sub, add_knob_flags)
 
+    # `labkit lab ...` hands every option to jupyter lab (main() routes it before parsing)
+    sub.add_parser("lab", help="JupyterLab on this folder: notebooks/ first, runs/ reachable, "
+                               "tracked notebooks unchanged by looking (options go to "
+                               "jupyter lab)")
+
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target",
                        choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv"])
@@ -188,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lab"]:
+        from labkit.lab import run_lab
+
+        return run_lab(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "trace":
@@ -312,6 +331,11 @@ def _replay(args) -> int:
         check_replay_args(engine, args.concurrency, args.duration_s, args.open_loop,
                           args.warmup_s, args.max_idle_s, spell=checks.flag)
         progress = sys.stderr.isatty() if args.progress is None else args.progress
+        timeline = None
+        if args.timeline:
+            from labkit.exporters import TimelineRecorder
+
+            timeline = TimelineRecorder(engine)
         result = engine.replay(trace, concurrency=args.concurrency, duration_s=args.duration_s,
                                open_loop=args.open_loop, warmup_s=args.warmup_s,
                                max_idle_s=args.max_idle_s, start_part_way=args.start_part_way,
@@ -320,6 +344,8 @@ def _replay(args) -> int:
                                percentiles=args.percentiles, gpu_hour_usd=args.gpu_hour_usd)
         if out is not None:
             out.write(result.write_files)
+        if timeline is not None:
+            timeline.save(args.timeline)
     if args.json:
         print(strict_json(result.summary, default=_plain))
     else:
@@ -329,6 +355,10 @@ def _replay(args) -> int:
         print(format_summary(result.summary, [
             percentile_key(m, q) for q in chosen
             for m in ("ttft", "tpot", "itl", "e2el", "session_completion")]))
+    if result.summary.get("warnings"):  # on stderr: --json output stays one JSON object
+        from labkit.engine.run_health import format_warnings
+
+        print(format_warnings(result.summary["warnings"]), file=sys.stderr)
     return 0
 
 

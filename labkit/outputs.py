@@ -286,7 +286,7 @@ def check_regular_target(path: str | os.PathLike, flag: str = "--out") -> Path:
     path = Path(path)
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the writer names a blocked parent
         return path
     if not stat.S_ISREG(mode):
         kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)

@@ -214,7 +214,7 @@ def test_offload_tiers_report_their_hits(capsys, tmp_path):
                          "--concurrency", "3", "--duration-s", "20",
                          "--num-gpu-blocks-override", "30", "--cpu-kv-gib", "0.0001",
                          "--disk-kv-gib", "0.01", "--kv-offload-dir", tmp_path / "kv",
-                         "--no-progress")
+                         "--start-part-way", "--no-progress")
     assert code == 0, err
     lines = dict(line.split() for line in out.splitlines() if line.count(" ") and
                  len(line.split()) == 2)

@@ -141,8 +141,8 @@ class PDEngine:
     def _next_time(self) -> float:
         return self._next()[0]
 
-    def has_events(self) -> bool:
-        return self._next_time() < self.stop_s
+    def has_events(self, before: float | None = None) -> bool:
+        return self._next_time() < (self.stop_s if before is None else before)
 
     def step(self) -> bool:
         """Process events, in time order across all groups, up to the next committed

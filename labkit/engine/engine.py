@@ -321,9 +321,9 @@ class Engine:
             if kind == _COMMIT:
                 return True
 
-    def has_events(self) -> bool:
-        """Is anything left to happen before `stop_s`?"""
-        return self._next_time() < self.stop_s
+    def has_events(self, before: float | None = None) -> bool:
+        """Is anything left to happen before `before` (default: `stop_s`)?"""
+        return self._next_time() < (self.stop_s if before is None else before)
 
     def run_until(self, t: float = math.inf) -> None:
         """Process every event before time t (everything, by default)."""
@@ -423,7 +423,8 @@ class Engine:
         Closed loop (AgentX): `concurrency` sessions in flight for `duration_s`.
         Open loop: requests arrive at their trace timestamps (`open_loop=True`).
         Options: warmup_s (excluded from the summary), max_idle_s (cap on tool
-        gaps), start_part_way (first sessions start at a random turn), loop_trace
+        gaps), start_part_way (first sessions start at a random turn; off by
+        default: each would prefill its whole context cold, see `replay.py`), loop_trace
         (start over with fresh ids when sessions run out), progress (a tqdm bar),
         on_oversize ("error" or "skip" requests that can never run, see oversize.py),
         and the summary's service-level metrics (slo.py): slo ({"ttft": 2.0, ...} or

@@ -15,7 +15,9 @@ A replay yields two tables and a summary:
   ``1 / P90(E2EL / OSL)`` in tokens/s/user, *TPGS* (tokens the GPUs actually
   processed — prompt tokens computed, recomputation included, plus output tokens — per
   GPU-second: throughput without the cached tokens), the token-weighted prefix-cache
-  hit rate, peak KV usage, preemptions.
+  hit rate, peak KV usage, preemptions — and whether those figures describe steady
+  state (`run_health.py`: cold-start share, calls cut off, queue at the end, and a
+  `warnings` list).
 
 The steps table is filled by subscribing to `StepsCompleted` events; request rows are
 read off the engine's requests when the result is collected.
@@ -31,6 +33,7 @@ import pandas as pd
 
 from labkit.engine.events import StepsCompleted
 from labkit.engine.request import Status
+from labkit.engine.run_health import run_health
 
 STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "compute_s",
                 "comm_s", "stall_s", "num_prefill_reqs", "num_decode_reqs", "prefill_tokens",
@@ -244,4 +247,8 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
                     "num_gpu_blocks_per_rank": engine.num_blocks_per_rank,
                     **engine.extra_summary(),
                     "warmup_s": warmup_s, **(extra or {})})
+    extra = extra or {}
+    summary.update(run_health(table, summary, warmup_s=warmup_s, end_s=end_s,
+                              closed_loop=extra.get("concurrency") is not None,
+                              start_part_way=bool(extra.get("start_part_way"))))
     return ReplayResult(table, steps, summary)

@@ -5,9 +5,17 @@ flight at all times; when one ends the next begins. Inside a session a call is s
 `delay_s` (the tool's run time, capped at `max_idle_s`) after its parent completes —
 and a main call that follows parallel subagents also waits for all of them, since
 their results are part of its prompt. With `start_part_way`, the first sessions
-begin at a random main call (seeded), as AgentX does to skip the cold start in which
-every session would sit at turn one. When the trace runs out of sessions it starts
-over with fresh block ids (a *salt*): the same work, by new users.
+begin at a random main call (seeded), as AgentX does to skip the phase in which every
+session sits at its first turns. It is off by default: in a fresh engine such a
+session's first call prefills its whole context cold (often several hundred thousand
+tokens), which dominates the first minutes — use it with a `warmup_s` past those
+prefills (the summary warns when cold prefills dominate, see `run_health.py`). When
+the trace runs out of sessions it starts over with fresh block ids (a *salt*): the
+same work, by new users.
+
+A run covers `[0, duration_s]`, or less when the trace runs out first
+(`loop_trace=False`, open loop): the summary's window then ends at the last event, so
+throughput is not diluted by time in which nothing was left to do.
 
 **Open loop**: every request with a timestamp arrives at that time, whatever the
 engine's state (Mooncake traces); requests without one follow the session rule.
@@ -64,6 +72,8 @@ class TraceFeeder:
         self.oversized = oversized or {}  # trace request id -> why it can never run
         self.ledger = SessionLedger()
         self.skipped_rows: list[dict] = []
+        self.calls_skipped = 0  # calls of part-way started sessions that never run
+        self.calls_finished = 0
         self.on_session_end = None
         engine.finish_callbacks.append(self._on_finish)
 
@@ -84,6 +94,7 @@ class TraceFeeder:
                     _engine_id(tr.parent_id, epoch), tr, skips[tr.request_id]))
         live = [tr for tr in live if tr.request_id not in skips]
         live_ids = {tr.request_id for tr in live}
+        self.calls_skipped += len(session) - len(live)
         self._open_calls[key] = len(live)
         self._hints[key] = {}
         self.ledger.opened(key, session_id, len(live), skip_before > 0, len(skips))
@@ -168,6 +179,7 @@ class TraceFeeder:
         key = self._session_of.pop(req.request_id, None)
         if key is None:
             return  # not one of ours
+        self.calls_finished += 1
         self._hints[key][req.request_id] = req.prefix_hint
         req.prefix_hint = None
         for dep in self._dependents.pop(req.request_id, []):
@@ -253,18 +265,32 @@ class ReplayRun:
     skip_mode: bool = False
 
     @property
-    def total_s(self) -> float:
-        return self.duration_s or _last_timestamp(self.trace) or 1.0
+    def total_calls(self) -> int:
+        """Calls this replay will send when it runs to the end of its trace."""
+        return len(self.trace.requests) - self.feeder.calls_skipped
+
+    @property
+    def end_s(self) -> float:
+        """Where the run's window ends: `duration_s` if the run was stopped there with
+        work left; else now (still running, or the trace ran out earlier)."""
+        engine = self.engine
+        stopped = not engine.has_events() and engine.has_events(before=math.inf)
+        if self.duration_s is not None and (stopped or engine.now >= self.duration_s):
+            return self.duration_s
+        return engine.now
 
     def finish(self, progress: bool = False) -> ReplayResult:
-        _run(self.engine, progress, self.total_s)
+        if not progress:
+            while self.engine.step():
+                pass
+        elif self.duration_s is not None:
+            _run_timed(self, self.duration_s)
+        else:
+            _run_counted(self)
         return self.result()
 
     def result(self) -> ReplayResult:
-        engine = self.engine
-        done = not engine.has_events()
-        end = self.duration_s if self.duration_s is not None and done else engine.now
-        return collect_result(engine, warmup_s=self.warmup_s, end_s=end,
+        return collect_result(self.engine, warmup_s=self.warmup_s, end_s=self.end_s,
                               wall_s=time.perf_counter() - self.wall_start, extra=self.extra,
                               sessions=self.feeder.ledger.frame(), options=self.options,
                               skipped=self.feeder.skipped_rows if self.skip_mode else None)
@@ -273,7 +299,7 @@ class ReplayRun:
 def start_replay(engine, trace, concurrency: int | None = None,
                  duration_s: float | None = None, open_loop: bool = False,
                  warmup_s: float = 0.0, max_idle_s: float | None = None,
-                 start_part_way: bool = True, loop_trace: bool = True,
+                 start_part_way: bool = False, loop_trace: bool = True,
                  on_oversize: str = "error", slo: str | dict | None = None,
                  percentiles=None, gpu_hour_usd: float | None = None) -> ReplayRun:
     """Check the inputs and schedule the trace's arrivals; nothing runs yet."""
@@ -295,9 +321,10 @@ def start_replay(engine, trace, concurrency: int | None = None,
     else:
         ClosedLoop(feeder, concurrency, start_part_way, loop_trace)
     engine.stop_s = math.inf if duration_s is None else duration_s
-    return ReplayRun(engine, trace, duration_s, warmup_s,
-                     {"concurrency": concurrency, "open_loop": open_loop}, wall, feeder,
-                     options, skip_mode=on_oversize == "skip")
+    extra = {"concurrency": concurrency, "open_loop": open_loop,
+             "start_part_way": bool(start_part_way and not open_loop)}
+    return ReplayRun(engine, trace, duration_s, warmup_s, extra, wall, feeder, options,
+                     skip_mode=on_oversize == "skip")
 
 
 def check_replay_args(engine, concurrency, duration_s, open_loop, warmup_s, max_idle_s,
@@ -329,20 +356,25 @@ def replay(engine, trace, concurrency: int | None = None, duration_s: float | No
     return run.finish(progress)
 
 
-def _last_timestamp(trace) -> float:
-    stamps = [tr.timestamp for tr in trace.requests if tr.timestamp is not None]
-    return max(stamps) if stamps else 0.0
+def _run_timed(run: ReplayRun, duration_s: float) -> None:
+    """A bar over simulated seconds, whole ones, up to `duration_s`; a run that ends
+    sooner (its trace ran out) closes the bar where it ended."""
+    engine = run.engine
+    with tqdm(total=math.ceil(duration_s), unit="sim s", desc="replay") as bar:
+        while engine.step():
+            done = int(min(engine.now, duration_s))
+            if done > bar.n:
+                bar.update(done - bar.n)
+        if run.end_s < duration_s:  # nothing left to do before the end
+            bar.total = max(int(math.ceil(run.end_s)), bar.n)
+        bar.update(bar.total - bar.n)
 
 
-def _run(engine, progress: bool, total: float) -> None:
-    if not progress:
+def _run_counted(run: ReplayRun) -> None:
+    """A bar over the calls of the trace (no duration: the run goes until all finish)."""
+    engine, feeder = run.engine, run.feeder
+    with tqdm(total=run.total_calls, unit="call", desc="replay") as bar:
         while engine.step():
-            pass
-        return
-    with tqdm(total=round(total, 1), unit="sim s", desc="replay") as bar:
-        shown = 0.0
-        while engine.step():
-            if engine.now - shown >= total / 500:
-                bar.update(round(min(engine.now, total) - shown, 1))
-                shown = min(engine.now, total)
-        bar.update(max(0.0, round(total - shown, 1)))
+            if feeder.calls_finished > bar.n:
+                bar.update(feeder.calls_finished - bar.n)
+        bar.update(feeder.calls_finished - bar.n)

@@ -75,7 +75,7 @@ def profile_point(role: str, model, layout: str, trace, concurrency: int, durati
                   hardware="h200", warmup_s: float | None = None, **knobs) -> dict:
     engine = role_engine(role, model, layout, hardware, **knobs)
     r = engine.replay(trace, concurrency=concurrency, duration_s=duration_s, max_idle_s=0.0,
-                      warmup_s=_warmup(duration_s, warmup_s))
+                      warmup_s=_warmup(duration_s, warmup_s), start_part_way=True)
     s = r.summary
     window = s["window_s"]
     calls_s = s["requests_completed"] / window
@@ -180,7 +180,7 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
                 if rates is not None else 8 * d
         engine = PDEngine(model, prefill_layout, decode_layout, hardware, p, d, **knobs)
         r = engine.replay(trace, concurrency=c, duration_s=duration_s, max_idle_s=0.0,
-                          warmup_s=_warmup(duration_s, warmup_s))
+                          warmup_s=_warmup(duration_s, warmup_s), start_part_way=True)
         s, steps = r.summary, r.steps
         busy = {role: _busy_share(steps[steps["role"] == role], _warmup(duration_s, warmup_s),
                                   duration_s)

@@ -104,12 +104,20 @@ def _line(req: TraceRequest, block_size: int) -> str:
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write ``trace`` as labkit JSONL (gzipped if the name ends in .gz), atomically
-    (temp file + rename), and only as a regular file: a device, FIFO or directory
-    at ``path`` is refused, not replaced."""
+    (temp file + rename), creating missing parent folders, and only as a regular file: a
+    device, FIFO or directory at ``path`` is refused, not replaced. An error names
+    ``path``, never the temporary file."""
     from labkit.outputs import check_regular_target
 
     target = check_regular_target(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=".tmp")
+    except OSError as err:
+        blocked = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocked} is a file, not a folder" if blocked else err.strerror
+        raise OSError(f"cannot write {path}: {reason}") from None
     try:
         with os.fdopen(fd, "wb") as raw:
             # A ``.gz`` target is compressed (block ids compress ~8x); mtime=0 keeps

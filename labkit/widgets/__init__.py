@@ -21,7 +21,9 @@ from labkit.widgets.lockstep import LockstepModel, LockstepView
 from labkit.widgets.placement import KVPlacementView
 from labkit.widgets.prefix_cache import PrefixCacheModel, PrefixCacheView
 from labkit.widgets.rank_kv import RankKVModel, RankKVView
+from labkit.widgets.request_gantt import RequestGantt, RequestGanttModel
 
 __all__ = ["VIEWS", "BlockTableModel", "BlockTableView", "Compare", "Dashboard",
            "KVPlacementView", "LockstepModel", "LockstepView", "PrefixCacheModel",
-           "PrefixCacheView", "RankKVModel", "RankKVView", "layout_options"]
+           "PrefixCacheView", "RankKVModel", "RankKVView", "RequestGantt", "RequestGanttModel",
+           "layout_options"]

@@ -35,7 +35,7 @@ def test_seed_changes_the_part_way_starts():
     firsts = set()
     for seed in range(4):
         engine = Engine("tiny-llama", "tp1", "h200", block_size=16, seed=seed)
-        result = closed(engine, small_agentx(5, seed=2))
+        result = closed(engine, small_agentx(5, seed=2), start_part_way=True)
         firsts.add(tuple(result.requests.sort_values("arrival_s")["request_id"][:3]))
     assert len(firsts) > 1
 

@@ -74,3 +74,29 @@ def test_replay_notebook_writes_three_consistent_files(tmp_path):
     figures = sum("application/vnd.plotly.v1+json" in o.get("data", {})
                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert figures == 3
+
+
+def test_notebook_and_cli_defaults_agree():
+    """A parameter the notebook shares with `labkit replay` has the CLI's default. Not
+    compared: what the command line requires (concurrency, duration_s) and the trace the
+    notebook generates, with max_model_len to fit it."""
+    import ast
+
+    from labkit.cli import build_parser
+    from labkit.specs import EngineConfig
+
+    cell = next(c for c in nbformat.read(AGENTX_REPLAY, as_version=4).cells
+                if "parameters" in c.metadata.get("tags", []))
+    params = {node.targets[0].id: ast.literal_eval(node.value)
+              for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+              and node.targets[0].id not in ("trace", "max_model_len")}
+    replay = build_parser()._subparsers._group_actions[0].choices["replay"]
+    knobs = EngineConfig()
+    cli = {a.dest: a.default if a.default is not None else getattr(knobs, a.dest, None)
+           for a in replay._actions
+           if not a.required and a.dest not in ("concurrency", "duration_s")}
+    shared = set(params) & set(cli)
+    assert {"hardware", "warmup_s", "start_part_way", "max_idle_s", "loop_trace", "router",
+            "max_num_batched_tokens", "seed"} <= shared
+    for name in shared:
+        assert params[name] == cli[name], f"{name}: notebook {params[name]!r}, CLI {cli[name]!r}"

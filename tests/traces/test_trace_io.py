@@ -88,3 +88,27 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
 def test_unknown_format_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="format"):
         load_trace(tmp_path / "x.jsonl", format="csv")
+
+
+def test_missing_folders_are_created_and_errors_name_the_target(tmp_path):
+    path = tmp_path / "runs" / "deeper" / "t.jsonl"
+    write_trace(_hand_made(), path)
+    assert load_trace(path).requests == _hand_made().requests
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(OSError) as err:
+        write_trace(_hand_made(), tmp_path / "afile" / "t.jsonl")
+    message = str(err.value)
+    assert "afile/t.jsonl" in message and "is a file, not a folder" in message
+    assert ".tmp" not in message
+
+
+def test_cli_trace_gen_creates_its_folder(tmp_path, monkeypatch, capsys):
+    from labkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "gen", "--sessions", "1", "--out", "runs/one.jsonl"]) == 0
+    assert len(load_trace(tmp_path / "runs" / "one.jsonl").requests) > 1
+    assert main(["trace", "gen", "--sessions", "1", "--out", "runs/one.jsonl/x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("labkit: error: cannot write runs/one.jsonl/x.jsonl")
+    assert ".tmp" not in err
