@@ -163,16 +163,29 @@ class Scheduler:
     def schedule(self, step_index: int, throttle_prefills: bool | None = None) -> RankBatch:
         """Plan one step. `throttle_prefills`: the step is off the
         prefill_schedule_interval beat (default: judged from `step_index`)."""
-        cfg = self.config
-        batch = RankBatch(self.rank)
-        budget = cfg.max_num_batched_tokens
-        threshold = cfg.long_prefill_token_threshold
-        drafts = cfg.num_speculative_tokens
         if throttle_prefills is None:
-            throttle_prefills = step_index % cfg.prefill_schedule_interval != 0
+            throttle_prefills = step_index % self.config.prefill_schedule_interval != 0
+        # vLLM's guards: throttle only to protect a decode, never a saturated rank
         defer = throttle_prefills and not self.prefill_capacity_bound and any(
             not _computes_prefill(r) for r in self.running)
+        batch = RankBatch(self.rank)
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens, defer)
+        # No preemption from here on: the blocks the prefill chunks fill can be hit.
+        for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
+            if not decode:
+                self.kv.register_blocks(req, req.num_computed_tokens + n)
+        if batch.preempted:
+            return batch
+        self._admit_waiting(batch, budget, defer)
+        if not defer:
+            self.prefill_capacity_bound = len(self.waiting) > 0
+        return batch
 
+    def _schedule_running(self, batch: RankBatch, budget: int, defer: bool) -> int:
+        """Running requests in order, preempting for KV as needed; returns the budget
+        left."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -186,7 +199,7 @@ class Scheduler:
                 i += 1
                 continue
             decode = req.is_decoding
-            n = 1 + drafts if decode else req.num_pending_tokens
+            n = cfg.tokens_per_decode_step if decode else req.num_pending_tokens
             if threshold and not decode:
                 n = min(n, threshold)
             n = min(n, budget)
@@ -206,13 +219,12 @@ class Scheduler:
             batch.add(req, n, decode)
             budget -= n
             i += 1
-        # No preemption from here on: the blocks the prefill chunks fill can be hit.
-        for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
-            if not decode:
-                self.kv.register_blocks(req, req.num_computed_tokens + n)
+        return budget
 
-        if batch.preempted:
-            return batch
+    def _admit_waiting(self, batch: RankBatch, budget: int, defer: bool) -> None:
+        """Waiting requests in policy order while budget, max_num_seqs and KV last."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
         while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
             adopted = req.request_id in self.kv.tables  # forked from a running parent
@@ -241,9 +253,6 @@ class Scheduler:
             self.kv.register_blocks(req, cached + n)
             batch.add(req, n, False)
             budget -= n
-        if not defer:
-            self.prefill_capacity_bound = len(self.waiting) > 0
-        return batch
 
     def _transfer(self, req: Request, cached: int, adopted: bool) -> PrefixTransfer | None:
         """The best offer to copy more of req's prefix than this rank caches (see
