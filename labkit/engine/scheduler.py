@@ -4,12 +4,12 @@ One scheduler per DP rank, in the style of vLLM's v1 scheduler (continuous batch
 
 1. **Running requests first**, in order. Each asks for its pending tokens — a prefill
    chunk, or 1 + draft tokens when decoding — capped by the step's remaining token
-   budget (`max_num_batched_tokens`) and, for long prefills, by
-   `long_prefill_token_threshold`. If the KV manager cannot grow its block table, the
-   lowest-priority running request is **preempted** (its KV freed, to be recomputed)
-   until it fits. A request that had to preempt *itself* ends the running pass: no
-   one after it is scheduled in that step (as vLLM does; under the priority policy
-   the requests after it may have lower priority values, yet they wait too).
+   budget (`max_num_batched_tokens`) and by `long_prefill_token_threshold` (meant for
+   long prefills; vLLM caps verify steps by it too). If the KV manager cannot grow its
+   block table, the lowest-priority running request is **preempted** (its KV freed, to
+   be recomputed) until it fits. A request that had to preempt *itself* ends the
+   running pass: no one after it is scheduled in that step (as vLLM does; under the
+   priority policy the requests after it may be more urgent, yet they wait too).
 2. **Then waiting requests**, in policy order (FCFS, or priority then arrival), while
    budget, `max_num_seqs` and KV last. A request enters with its longest cached
    prefix already counted as computed — or, when a prefix source offers more of it
@@ -154,8 +154,10 @@ class Scheduler:
         the next steps are identical in shape until something finishes."""
         if len(self.waiting) or not self.running:
             return False
-        per_req = self.config.tokens_per_decode_step
-        if per_req * len(self.running) > self.config.max_num_batched_tokens:
+        cfg = self.config
+        per_req = cfg.tokens_per_decode_step
+        if per_req * len(self.running) > cfg.max_num_batched_tokens or \
+                0 < cfg.long_prefill_token_threshold < per_req:
             return False
         return all(r.is_decoding and not r.pending_copies for r in self.running)
 
@@ -200,9 +202,7 @@ class Scheduler:
                 continue
             decode = req.is_decoding
             n = cfg.tokens_per_decode_step if decode else req.num_pending_tokens
-            if threshold and not decode:
-                n = min(n, threshold)
-            n = min(n, budget)
+            n = min(n, threshold or n, budget)  # vLLM caps verify steps by it too
             if not decode and not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
                 i += 1
                 continue

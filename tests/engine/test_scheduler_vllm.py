@@ -281,3 +281,15 @@ def _watch_throttle(s, original, seen):
             seen["admitted_on_beat"] += bool(prefill)
         return batch
     return schedule
+
+
+def test_the_threshold_caps_verify_steps_too():
+    """vLLM applies long_prefill_token_threshold to every running request: with 3 drafts
+    and a threshold of 2, a decode verifies 1 draft (2 tokens) and gains at most 2."""
+    s = scheduler(num_speculative_tokens=3, acceptance_length=4.0,
+                  long_prefill_token_threshold=2)
+    r = request("r0", 2, output=9)
+    s.add_request(r)
+    assert step(s, accepted=4) == {"r0": 2}
+    assert step(s, accepted=4) == {"r0": 2}
+    assert r.num_output_tokens == 3
