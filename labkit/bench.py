@@ -6,7 +6,8 @@ slices held out of the fit).
 
 `labkit bench layouts` sets up the comparisons practitioners report (DCP vs TP vs DEP
 vs PCP, PP, long_prefill_token_threshold, prefill_schedule_interval, routing) and
-prints what the model makes of them (see `labkit.behaviours`).
+prints, for each claim, the model's numbers and a verdict read off them (see
+`labkit.behaviours`).
 
 `labkit bench sim` measures the simulator itself:
 

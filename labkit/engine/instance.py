@@ -120,11 +120,8 @@ class Instance:
         return min(times) if times else None
 
     def _plan_step(self, now: float) -> Plan | None:
-        # prefill_schedule_interval gates admissions to aligned steps, but never keeps
-        # every rank idle: then waiting would stall nobody and only waste time.
-        on_beat = self.step_index % self.config.prefill_schedule_interval == 0
-        admit = on_beat or not any(s.running for s in self.schedulers)
-        batches = [s.schedule(self.step_index, admit) for s in self.schedulers]
+        # the shared step index: prefill_schedule_interval's beat, the same on every rank
+        batches = [s.schedule(self.step_index) for s in self.schedulers]
         work = StepWork.from_batches(batches)
         if work.idle.all():
             return None  # nothing can run yet (KV still being fetched); see next_ready_s
@@ -243,9 +240,10 @@ def _finishes(batch, accepted: int, tokens: dict | None = None) -> bool:
     for req, n, ctx, decode in zip(batch.requests, batch.num_new_tokens, batch.contexts,
                                    batch.is_decode):
         remaining = req.remaining_output_tokens
+        gained = min(accepted, n)  # a decode cut by the budget verifies fewer drafts
         if tokens is not None and req.request_id in tokens:
-            accepted = len(tokens[req.request_id])
-        if decode and accepted >= remaining:
+            gained = len(tokens[req.request_id])
+        if decode and gained >= remaining:
             return True
         if not decode and ctx + n == req.num_tokens and remaining <= 1:
             return True

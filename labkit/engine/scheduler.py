@@ -4,18 +4,41 @@ One scheduler per DP rank, in the style of vLLM's v1 scheduler (continuous batch
 
 1. **Running requests first**, in order. Each asks for its pending tokens — a prefill
    chunk, or 1 + draft tokens when decoding — capped by the step's remaining token
-   budget (`max_num_batched_tokens`) and, for long prefills, by
-   `long_prefill_token_threshold`. If the KV manager cannot grow its block table, the
-   lowest-priority running request is **preempted** (its KV freed, to be recomputed)
-   until it fits — possibly the request itself.
+   budget (`max_num_batched_tokens`) and by `long_prefill_token_threshold` (meant for
+   long prefills; vLLM caps verify steps by it too). If the KV manager cannot grow its
+   block table, the lowest-priority running request is **preempted** (its KV freed, to
+   be recomputed) until it fits. A request that had to preempt *itself* ends the
+   running pass: no one after it is scheduled in that step (as vLLM does; under the
+   priority policy the requests after it may be more urgent, yet they wait too).
 2. **Then waiting requests**, in policy order (FCFS, or priority then arrival), while
    budget, `max_num_seqs` and KV last. A request enters with its longest cached
    prefix already counted as computed — or, when a prefix source offers more of it
    (another rank's GPUs, the node's offload tiers: `transfer.py`), holds its blocks
-   and waits for that copy. No new request is admitted in a step that
-   preempted (that would only thrash), nor, under `prefill_schedule_interval` N, on a
-   step whose (rank-aligned) index is not a multiple of N — unless every rank of the
-   instance would otherwise sit idle, since then waiting stalls nobody.
+   and waits for that copy. No new request is admitted in a step that preempted
+   (that would only thrash).
+
+**Same-step prefix hits.** The full blocks a prefill step will fill are registered in
+the prefix cache when the step is planned, not when it ends (vLLM registers blocks
+when it allocates them): a request admitted later in the same step with the same
+prefix shares them, since a step writes every new token's KV before any attention
+reads it. Only this rank's own lookups see such blocks before their step has run;
+another rank fetching a prefix sees computed blocks only. (Decode steps register
+their blocks when they end, once the accepted tokens are known; vLLM registers them
+at the next allocation, one token later — no prompt can tell the difference.)
+
+**`prefill_schedule_interval` N** (vLLM's DP prefill balancing, applied on every
+instance as newer vLLM does without DP too): on a step whose index is not a multiple
+of N (the index is shared by the ranks of a lockstep instance), a rank that has a
+request able to decode *defers all prefill work*: running prefill chunks skip the
+step and no waiting request with more than one token to compute is admitted; the
+decodes run. Two guards keep it from hurting: a rank with nothing to decode is never
+throttled (its step would be wasted), and when the last step that admitted prefills
+could not drain the waiting queue (`prefill_capacity_bound`: the rank is saturated)
+the throttle is lifted until a step drains it.
+
+**Speculative decoding under a tight budget**: a decoding request cut by the budget
+to fewer than 1 + drafts tokens verifies only the drafts it was given, so it never
+gains more tokens than it was scheduled.
 
 `schedule()` only plans; `update()` applies the outcome of the executed step.
 """
@@ -106,6 +129,8 @@ class Scheduler:
         # fetch them here) — a session moved off the rank that has its KV.
         self.prefix_sources: list = []  # where else a prefix may come from (transfer.py)
         self.hold_kv_on_finish = False  # keep a finished request's blocks (P/D prefill)
+        # the last step that admitted prefills left some waiting: don't throttle
+        self.prefill_capacity_bound = False
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -129,21 +154,40 @@ class Scheduler:
         the next steps are identical in shape until something finishes."""
         if len(self.waiting) or not self.running:
             return False
-        per_req = self.config.tokens_per_decode_step
-        if per_req * len(self.running) > self.config.max_num_batched_tokens:
+        cfg = self.config
+        per_req = cfg.tokens_per_decode_step
+        if per_req * len(self.running) > cfg.max_num_batched_tokens or \
+                0 < cfg.long_prefill_token_threshold < per_req:
             return False
         return all(r.is_decoding and not r.pending_copies for r in self.running)
 
     # -------------------------------------------------------------- schedule
-    def schedule(self, step_index: int, admit_prefills: bool | None = None) -> RankBatch:
-        """Plan one step. `admit_prefills` overrides the prefill_schedule_interval gate
-        (the instance opens it when every rank would otherwise sit idle)."""
-        cfg = self.config
+    def schedule(self, step_index: int, throttle_prefills: bool | None = None) -> RankBatch:
+        """Plan one step. `throttle_prefills`: the step is off the
+        prefill_schedule_interval beat (default: judged from `step_index`)."""
+        if throttle_prefills is None:
+            throttle_prefills = step_index % self.config.prefill_schedule_interval != 0
+        # vLLM's guards: throttle only to protect a decode, never a saturated rank
+        defer = throttle_prefills and not self.prefill_capacity_bound and any(
+            not _computes_prefill(r) for r in self.running)
         batch = RankBatch(self.rank)
-        budget = cfg.max_num_batched_tokens
-        threshold = cfg.long_prefill_token_threshold
-        drafts = cfg.num_speculative_tokens
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens, defer)
+        # No preemption from here on: the blocks the prefill chunks fill can be hit.
+        for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
+            if not decode:
+                self.kv.register_blocks(req, req.num_computed_tokens + n)
+        if batch.preempted:
+            return batch
+        self._admit_waiting(batch, budget, defer)
+        if not defer:
+            self.prefill_capacity_bound = len(self.waiting) > 0
+        return batch
 
+    def _schedule_running(self, batch: RankBatch, budget: int, defer: bool) -> int:
+        """Running requests in order, preempting for KV as needed; returns the budget
+        left."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -153,11 +197,12 @@ class Scheduler:
             if req.kv_ready_s:
                 req.kv_ready_s = 0.0
                 self.kv.cache_full_blocks(req)  # the copied prefix arrived
+            if defer and _computes_prefill(req):
+                i += 1
+                continue
             decode = req.is_decoding
-            n = 1 + drafts if decode else req.num_pending_tokens
-            if threshold and not decode:
-                n = min(n, threshold)
-            n = min(n, budget)
+            n = cfg.tokens_per_decode_step if decode else req.num_pending_tokens
+            n = min(n, threshold or n, budget)  # vLLM caps verify steps by it too
             if not decode and not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
                 i += 1
                 continue
@@ -170,23 +215,22 @@ class Scheduler:
                 if victim is req:
                     break
             if req.status is not Status.RUNNING:
-                continue  # preempted itself; running[i] is now the next request
+                break  # it preempted itself: nothing more runs this step (vLLM)
             batch.add(req, n, decode)
             budget -= n
             i += 1
+        return budget
 
-        if admit_prefills is None:
-            admit_prefills = step_index % cfg.prefill_schedule_interval == 0
-        admit = admit_prefills and not batch.preempted
-        while admit and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+    def _admit_waiting(self, batch: RankBatch, budget: int, defer: bool) -> None:
+        """Waiting requests in policy order while budget, max_num_seqs and KV last."""
+        cfg = self.config
+        threshold = cfg.long_prefill_token_threshold
+        while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
             adopted = req.request_id in self.kv.tables  # forked from a running parent
             match = NO_MATCH if adopted else self._cached_prefix(req)
             cached = req.num_computed_tokens if adopted else match.num_tokens
             pending = req.num_tokens - cached
-            n = min(pending, threshold or pending, budget)
-            if n < pending and not cfg.enable_chunked_prefill:
-                break
             transfer = self._transfer(req, cached, adopted)
             if transfer is not None:  # hold the blocks now, compute once the KV has arrived
                 if not self.kv.allocate(req, transfer.tokens - cached, match, copied=True):
@@ -201,14 +245,19 @@ class Scheduler:
                 req.kv_ready_s = self.now + seconds
                 self._start(req)
                 continue
+            if defer and pending > 1:
+                break  # a throttled step: its prefill waits for the beat
+            n = min(pending, threshold or pending, budget)
+            if n < pending and not cfg.enable_chunked_prefill:
+                break
             if not self.kv.allocate(req, n, match):
                 break
             self.waiting.pop()
             req.num_computed_tokens = cached
             self._start(req)
+            self.kv.register_blocks(req, cached + n)
             batch.add(req, n, False)
             budget -= n
-        return batch
 
     def _transfer(self, req: Request, cached: int, adopted: bool) -> PrefixTransfer | None:
         """The best offer to copy more of req's prefix than this rank caches (see
@@ -258,15 +307,16 @@ class Scheduler:
     def update(self, batch: RankBatch, accepted: int, t_end: float,
                tokens: dict | None = None) -> list[Request]:
         """Apply an executed step. Simulated: decode entries accept `accepted` tokens
-        each. Computed: `tokens` maps a request to the token ids it produced (a decode
-        entry's verified tokens; one sampled token for a prompt's last chunk). Capped
-        by what a request may still generate. Returns the finished requests."""
+        each — at most the tokens they were scheduled (a budget cut leaves fewer drafts
+        to verify). Computed: `tokens` maps a request to the token ids it produced (a
+        decode entry's verified tokens; one sampled token for a prompt's last chunk).
+        Capped by what a request may still generate. Returns the finished requests."""
         finished = []
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
             req.pending_copies.clear()
             produced = tokens.get(req.request_id) if tokens is not None else None
             if decode:
-                a = min(accepted if produced is None else len(produced),
+                a = min(accepted if produced is None else len(produced), n,
                         req.remaining_output_tokens)
                 req.num_computed_tokens += a
                 self._record(req, produced, a)
@@ -305,3 +355,9 @@ class Scheduler:
             req.prefix_hint = None
             return
         req.prefix_hint = self.kv.free(req)
+
+
+def _computes_prefill(req: Request) -> bool:
+    """Has req more than one token to compute (a prefill chunk's worth of work, or KV
+    still on its way)? What `prefill_schedule_interval` defers; the rest decodes."""
+    return req.num_pending_tokens > 1 or req.kv_ready_s > 0.0

@@ -51,7 +51,7 @@ class RemoteFetch:
         hint = req.prefix_hint
         if hint is None or hint.rank == req.rank:
             return None
-        match = self.schedulers[hint.rank].kv.lookup(req)
+        match = self.schedulers[hint.rank].kv.lookup(req, computed_only=True)
         if match.num_tokens <= cached:
             return None
         nbytes = match.num_tokens * self.placement.kv_bytes_per_token_per_gpu()

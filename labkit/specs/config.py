@@ -43,7 +43,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = knob(
         0, "at most this many tokens of one request per step (0: no limit)")
     prefill_schedule_interval: int = knob(
-        1, "admit new prefills only on steps that are multiples of this (DEP)")
+        1, "prefill work runs on steps that are multiples of this; in between, a rank that "
+        "can decode defers its prefills unless saturated (vLLM's DP prefill balancing)")
     scheduling_policy: str = knob("fcfs", "order of the waiting queue", SCHEDULING_POLICIES)
     num_speculative_tokens: int = knob(0, "draft tokens verified per decode step (MTP)")
     acceptance_length: float | None = knob(

@@ -93,17 +93,24 @@ class KVMachine(RuleBasedStateMachine):
             assert req.request_id not in self.kv.tables
 
     @precondition(lambda self: self.running)
-    @rule(pick=st.integers(0, 10_000), chunk=st.integers(1, 12))
-    def compute(self, pick, chunk):
-        """Compute the scheduled tokens, register full blocks, schedule the next chunk."""
+    @rule(pick=st.integers(0, 10_000), chunk=st.integers(1, 12), ahead=st.booleans())
+    def compute(self, pick, chunk, ahead):
+        """Compute the scheduled tokens, register full blocks, schedule the next chunk.
+        `ahead`: the chunk's blocks are registered when it is planned (same-step hits),
+        then the step runs at once, as in the scheduler."""
         req = self.running[pick % len(self.running)]
         table = self.kv.table(req.request_id)
         covered = min(len(table) * BS, req.num_tokens)
         req.num_computed_tokens = max(req.num_computed_tokens, covered)
         self.kv.cache_full_blocks(req)
         more = min(chunk, req.num_tokens - req.num_computed_tokens)
-        if more > 0:
-            self.kv.allocate(req, more)
+        if more > 0 and self.kv.allocate(req, more) and ahead:
+            self.kv.register_blocks(req, req.num_computed_tokens + more)
+            assert self.kv.lookup(req, computed_only=True).num_tokens <= \
+                self.kv.lookup(req).num_tokens
+            event("registered ahead")
+            req.num_computed_tokens += more
+            self.kv.cache_full_blocks(req)
 
     @precondition(lambda self: self.running)
     @rule(pick=st.integers(0, 10_000), extra=st.integers(1, 6))
@@ -168,6 +175,12 @@ class KVMachine(RuleBasedStateMachine):
         assert pool.num_free + pool.num_used == pool.num_blocks
         free = sorted(pool.free_order().tolist())
         assert free == np.flatnonzero(pool.ref_count == 0).tolist()
+
+    @invariant()
+    def no_step_left_half_done(self):
+        """Blocks registered ahead are marked written once their step has run."""
+        if hasattr(self, "kv"):
+            assert not self.kv.pool.pending.any()
 
     @invariant()
     def keys_are_registered(self):

@@ -132,26 +132,6 @@ def test_acceptance_length_gives_exact_token_counts():
     assert len(req.itl) == 100  # one emission per decode step
 
 
-def test_prefill_schedule_interval_aligns_admissions():
-    engine = Engine("tiny-qwen3-moe", "dep4", "h100", num_gpu_blocks_override=300,
-                    block_size=BS, prefill_schedule_interval=4, router="round_robin")
-    rec = Recorder(engine)
-    reqs = run_all(engine, synthetic_requests(24, seed=6), spacing=0.003)
-    assert all(r.finished for r in reqs)
-    by_step = {}
-    for step, batch, admitted in rec.admitted:
-        by_step.setdefault(step, []).append((batch, admitted))
-    off_beat = 0
-    for step, ranks in by_step.items():
-        if any(admitted for _, admitted in ranks) and step % 4:
-            # off the beat only when no rank had anything running (the idle guard)
-            assert all(not [r for r in b.requests if r not in adm] for b, adm in ranks)
-            off_beat += 1
-    on_beat = sum(1 for step, ranks in by_step.items()
-                  if step % 4 == 0 and any(a for _, a in ranks))
-    assert on_beat > 3
-
-
 def test_no_admission_in_a_step_that_preempted():
     reqs = synthetic_requests(30, seed=7, max_prompt=500, max_output=150)
     need = max(-(-(r.num_prompt_tokens + r.max_output_tokens) // BS) for r in reqs)

@@ -45,6 +45,9 @@ class BlockPool:
         # Bumped each time a block is handed out: a remembered (block, generation) pair
         # is still the same KV exactly when the generation has not moved.
         self.generation = np.zeros(size, dtype=np.int64)
+        # Registered by a step that has not run yet (same-step prefix hits): hittable
+        # on this rank, not yet KV another rank could copy.
+        self.pending = np.zeros(size, dtype=bool)
         self._cached: dict[int, int] = {}  # key -> physical block
         self._free = FreeBlockQueue(num_blocks)
         self.now = 0.0  # time stamp for events, set by the owner
@@ -79,6 +82,7 @@ class BlockPool:
             self.ref_count = grown(self.ref_count, need, limit, 0)
             self.block_key = grown(self.block_key, need, limit, NO_KEY)
             self.generation = grown(self.generation, need, limit, 0)
+            self.pending = grown(self.pending, need, limit, False)
         self._evict(blocks)
         self.ref_count[blocks] = 1
         self.generation[blocks] += 1
@@ -116,8 +120,10 @@ class BlockPool:
         self._free.append(blocks[self.ref_count[blocks] == 0])
 
     # ---------------------------------------------------------- prefix cache
-    def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray, request_id: str = "") -> None:
-        """Full blocks get their keys and become hittable.
+    def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray, request_id: str = "",
+                     pending: bool = False) -> None:
+        """Full blocks get their keys and become hittable (`pending`: their KV is
+        computed by the step now being planned; `written` clears the mark).
 
         If another block already holds a key (two requests computed the same content
         at once), the newcomer stays unkeyed and is reused as an ordinary block. So a
@@ -138,9 +144,14 @@ class BlockPool:
         if fresh_blocks:
             fresh = np.array(fresh_blocks, dtype=np.int32)
             self.block_key[fresh] = fresh_keys
+            self.pending[fresh] = pending
             if self.events.wants(BlocksCached):
                 self.events.emit(BlocksCached(self.now, self.rank, request_id, fresh,
                                               np.array(fresh_keys, dtype=np.int64)))
+
+    def written(self, blocks: np.ndarray) -> None:
+        """The step computing these blocks has run: their KV exists."""
+        self.pending[blocks] = False
 
     def cached_block(self, key: int) -> int:
         """The physical block holding `key`, or -1."""

@@ -1,7 +1,8 @@
 """Block tables, and what a finished request leaves behind for its successor.
 
 - `BlockTable`: a running request's logical -> physical block map (grows as it
-  computes; `num_keyed` leading blocks are registered in the prefix cache);
+  computes; `num_keyed` leading blocks are registered in the prefix cache, of which
+  `num_written` hold computed KV that has been passed on: offload write-through);
 - `PrefixHint`: the cached blocks a finished (or preempted) call left on its rank, so
   the session's next call finds its prefix in O(log n) probes (`KVManager.lookup`);
 - `PrefixMatch`: a lookup's answer — the reusable blocks and the tokens they hold.
@@ -52,12 +53,13 @@ NO_MATCH = PrefixMatch(EMPTY, 0)
 
 
 class BlockTable:
-    __slots__ = ("blocks", "n", "num_keyed")
+    __slots__ = ("blocks", "n", "num_keyed", "num_written")
 
     def __init__(self, capacity: int) -> None:
         self.blocks = np.empty(max(capacity, 1), dtype=np.int32)
         self.n = 0
         self.num_keyed = 0  # leading blocks already registered in the prefix cache
+        self.num_written = 0  # ... whose KV is computed and written through
 
     def view(self) -> np.ndarray:
         return self.blocks[: self.n]

@@ -7,7 +7,10 @@ in physical block ``table[i]``. The manager
   one token is recomputed (the model must produce logits for the last prompt token);
 - grows tables as requests compute more tokens (`allocate`), refusing when the pool
   cannot supply the blocks, so the scheduler can preempt;
-- registers blocks in the prefix cache as they fill up (`cache_full_blocks`);
+- registers blocks in the prefix cache as a step is planned to fill them
+  (`register_blocks`: a later request of the same step can hit them, as in vLLM) and
+  passes them on once computed (`cache_full_blocks`: offload write-through, state
+  snapshots);
 - frees a finished or preempted request's blocks tail first (`free`), which leaves its
   full blocks cached for its successor;
 - forks: a child's table points at its parent's blocks (`fork`), and a shared block
@@ -95,11 +98,13 @@ class KVManager:
         return -(-num_tokens // self.block_size)
 
     # ---------------------------------------------------------------- lookup
-    def lookup(self, req) -> PrefixMatch:
+    def lookup(self, req, computed_only: bool = False) -> PrefixMatch:
         """req's longest reusable prefix (its blocks are not referenced yet).
 
         Capped so at least one token is recomputed. A forked child (`forked_tokens`)
         also adopts its parent's last, partly filled block if it is still intact.
+        `computed_only`: stop at blocks the step now planned is still to compute (what
+        another rank may copy).
         """
         if not self.pool.enable_caching or req.keys is None:
             return NO_MATCH
@@ -111,7 +116,7 @@ class KVManager:
         extra = []
         while m < limit:
             block = self.pool.cached_block(req.keys.key(m))
-            if block < 0:
+            if block < 0 or (computed_only and self.pool.pending[block]):
                 break
             extra.append(block)
             m += 1
@@ -251,7 +256,7 @@ class KVManager:
         if len(hit):
             self.pool.touch(hit)
             table.extend(hit)
-            table.num_keyed = match.num_tokens // self.block_size
+            table.num_keyed = table.num_written = match.num_tokens // self.block_size
             if match.forked and self.events.wants(Forked):
                 self.events.emit(Forked(self.pool.now, self.rank, req.parent_id or "",
                                         req.request_id, hit, match.num_tokens))
@@ -291,26 +296,53 @@ class KVManager:
             self.events.emit(CopyOnWrite(self.pool.now, self.rank, req.request_id, src, dst))
 
     # ---------------------------------------------------------- prefix cache
-    def cache_full_blocks(self, req) -> None:
-        """Register the blocks req has completely computed since the last call."""
+    def register_blocks(self, req, num_tokens: int) -> None:
+        """Register the blocks that will be full once req's first `num_tokens` tokens
+        have KV — before the step computing them has run, as vLLM registers a
+        request's full blocks when it allocates them. Another request admitted in the
+        same step then shares them instead of computing them again (the step writes
+        every new token's KV before any attention reads it)."""
         table = self.tables.get(req.request_id)
         if table is None or req.keys is None or not self.pool.enable_caching:
             return
-        full = min(req.num_computed_tokens // self.block_size, req.keys.num_blocks, table.n)
+        self._register(req, table, self._full_blocks(req, table, num_tokens), pending=True)
+
+    def cache_full_blocks(self, req) -> None:
+        """After a step: register the blocks req has now completely computed (unless
+        registered ahead) and pass them on — write-through to the offload tiers, the
+        state snapshot a hybrid model owes at a boundary it has passed."""
+        table = self.tables.get(req.request_id)
+        if table is None or req.keys is None or not self.pool.enable_caching:
+            return
+        full = self._full_blocks(req, table, req.num_computed_tokens)
+        if full <= table.num_written:
+            return
+        self._register(req, table, full)
+        done = slice(table.num_written, full)
+        self.pool.written(table.blocks[done])
+        if self.window is not None:
+            self.window.write_through(req.request_id, req.keys, table.num_written, full)
+        if self.on_cached is not None:
+            self.on_cached(self.rank, table.blocks[done],
+                           req.keys.keys(table.num_written, full), self.pool.now)
+        table.num_written = full
+        boundary = self._checkpoints.get(req.request_id, 0)
+        if boundary and full >= boundary:  # computed past a prefix seen before
+            self.snapshots.save(req.keys.key(boundary - 1), "second_sight",
+                                req.request_id, boundary * self.block_size)
+            del self._checkpoints[req.request_id]
+
+    def _full_blocks(self, req, table: BlockTable, num_tokens: int) -> int:
+        return min(num_tokens // self.block_size, req.keys.num_blocks, table.n)
+
+    def _register(self, req, table: BlockTable, full: int, pending: bool = False) -> None:
         if full > table.num_keyed:
-            blocks = table.blocks[table.num_keyed : full]
-            keys = req.keys.keys(table.num_keyed, full)
-            self.pool.cache_blocks(blocks, keys, req.request_id)
+            self.pool.cache_blocks(table.blocks[table.num_keyed : full],
+                                   req.keys.keys(table.num_keyed, full), req.request_id,
+                                   pending)
             table.num_keyed = full
-            if self.window is not None:
-                self.window.cache(req.request_id, req.keys, full)
-            if self.on_cached is not None:
-                self.on_cached(self.rank, blocks, keys, self.pool.now)
-            boundary = self._checkpoints.get(req.request_id, 0)
-            if boundary and full >= boundary:  # computed past a prefix seen before
-                self.snapshots.save(req.keys.key(boundary - 1), "second_sight",
-                                    req.request_id, boundary * self.block_size)
-                del self._checkpoints[req.request_id]
+        if self.window is not None:
+            self.window.register(req.request_id, req.keys, full)
 
     # ------------------------------------------------------------- release
     def free(self, req) -> PrefixHint | None:
@@ -363,7 +395,8 @@ class KVManager:
                              len(table.blocks))
         self.pool.touch(shared)
         table.extend(shared)
-        table.num_keyed = min(parent_table.num_keyed, num_tokens // self.block_size)
+        table.num_keyed = table.num_written = min(parent_table.num_written,
+                                                  num_tokens // self.block_size)
         self.tables[child.request_id] = table
         child.num_computed_tokens = num_tokens
         if self.events.wants(Forked):

@@ -248,20 +248,31 @@ class SlidingWindow:
         return table is not None and self._needs_copy(table, computed)
 
     # ---------------------------------------------------------- prefix cache
-    def cache(self, request_id: str, keys, full: int) -> None:
-        """Register the SWA pages of blocks up to `full` that filled up since the last
-        call (blocks that already left the window have nothing to register)."""
+    def register(self, request_id: str, keys, full: int) -> None:
+        """Register the SWA pages of blocks up to `full` not registered yet (blocks
+        that already left the window have nothing to register)."""
         table = self.tables.get(request_id)
         if table is None or full <= table.num_keyed:
             return
         start = max(table.num_keyed, table.first_live)
         if start < full:
-            pages = table.pages[start:full].ravel()
-            page_keys = np.concatenate([self.page_keys(keys.key(j)) for j in range(start, full)])
-            self.pool.cache_blocks(pages, page_keys, request_id)
-            if self.on_cached is not None:
-                self.on_cached(self.rank, pages, page_keys, self.pool.now)
+            self.pool.cache_blocks(table.pages[start:full].ravel(),
+                                   self._page_keys_of(keys, start, full), request_id)
         table.num_keyed = full
+
+    def write_through(self, request_id: str, keys, start: int, full: int) -> None:
+        """Pass the SWA pages of blocks start..full-1, now computed, to the offload
+        tiers (those still held)."""
+        table = self.tables.get(request_id)
+        if self.on_cached is None or table is None:
+            return
+        start = max(start, table.first_live)
+        if start < full:
+            self.on_cached(self.rank, table.pages[start:full].ravel(),
+                           self._page_keys_of(keys, start, full), self.pool.now)
+
+    def _page_keys_of(self, keys, start: int, stop: int) -> np.ndarray:
+        return np.concatenate([self.page_keys(keys.key(j)) for j in range(start, stop)])
 
     # ------------------------------------------------------------- release
     def free(self, request_id: str) -> None:

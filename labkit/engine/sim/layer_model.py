@@ -203,18 +203,37 @@ class LayerStepModel:
                                      m.qk_rope_head_dim, self.kv_dtype)
             t = t + ops.indexer(1, q, np.maximum(prefix, 1), m.index_num_heads,
                                 m.index_head_dim)
-            # the cached latent is up-projected to keys and values for the chunk
+            t = t + self._sparse_prefill_latent(q, (ctx + new) / shard)
         elif m.is_mla:
             t = ops.mla_prefill(1, q, prefix, heads, m.qk_nope_head_dim, m.qk_rope_head_dim,
                                 m.v_head_dim, self.kv_dtype)
-        else:
-            t = ops.attention_prefill(1, q, prefix, heads, self.placement.kv_heads_per_gpu,
-                                      m.head_dim, self.kv_dtype)
-        if m.is_mla:
+            # the cached latent is up-projected to keys and values for the chunk
             kv_tokens = (ctx + new) / shard
             t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
                              m.kv_lora_rank, "bf16")
+        else:
+            t = ops.attention_prefill(1, q, prefix, heads, self.placement.kv_heads_per_gpu,
+                                      m.head_dim, self.kv_dtype)
         return _sum_chunks(work, t)
+
+    def _sparse_prefill_latent(self, queries, kv_tokens):
+        """What a DSA prefill chunk pays besides the sparse kernel and the indexer
+        (issue 13, HOL study). vLLM's sparse MLA backends (FlashMLA sparse) run prefill
+        in latent space like decode: the chunk's queries go through W_UK and its
+        outputs through W_UV; the cached prefix is never up-projected per head (that is
+        dense MLA's MHA path, whose cost grows with the prefix on every chunk). With an
+        fp8 cache the request's latents are first dequantised into a bf16 workspace,
+        a memory-bound pass over its whole context."""
+        m, ops = self.model, self.ops
+        rows = queries * self.heads
+        t = ops.gemm(rows, m.kv_lora_rank, m.qk_nope_head_dim, "bf16")
+        t = t + ops.gemm(rows, m.v_head_dim, m.kv_lora_rank, "bf16")
+        if self.kv_dtype == "fp8":
+            latent = m.kv_lora_rank + m.qk_rope_head_dim
+            nbytes = kv_tokens * (self.placement.kv_bytes_per_token_per_layer_per_gpu()
+                                  + 2.0 * latent)
+            t = t + nbytes / (ops.hardware.hbm_bandwidth * ops.params.mla.memory_eff)
+        return t
 
     def _window_prefill_core(self, work: StepWork, window: int):
         """Sliding-window prefill (GQA; DCP and PCP are refused for such models): a
