@@ -17,10 +17,7 @@ random prompts that share prefixes, submitted while the engine runs. After every
   every block is free and nothing leaked.
 
 The example `BUDGET_CUT` (two 1-token prompts, 1 draft at acceptance 2.0, a 3-token
-budget) is that issue's reproduction. It fails until the scheduler fix of issue 13
-lands, so it runs as its own hypothesis example marked xfail(strict=False): once that
-fix is merged, remove the mark (and it joins `test_random_engine_runs_keep_every_kv_
-invariant` as an @example).
+budget) is that issue's reproduction, always run as an explicit example.
 """
 
 from __future__ import annotations
@@ -192,6 +189,7 @@ def run_case(case: Case) -> CommitChecker:
                           ("max_num_batched_tokens", 3), ("num_gpu_blocks_override", 12),
                           ("block_size", 4), ("sim_fast_forward", False)),
                    prompts=(((1, 2, 3, 4, 5), 8, 0),)))
+@example(case=BUDGET_CUT)
 @given(case=cases())
 def test_random_engine_runs_keep_every_kv_invariant(case):
     decodes = sum(1 for name, v in case.knobs if name == "num_speculative_tokens" and v)
@@ -200,14 +198,6 @@ def test_random_engine_runs_keep_every_kv_invariant(case):
     assert checker.checked > 0
 
 
-@pytest.mark.xfail(strict=False, reason="issue 12 item 3 = issue 13: spec decode under a tight "
-                   "token budget accepts more than it was scheduled; fixed on the i13-sched "
-                   "branch (remove this mark once it is merged)")
-@settings(phases=[Phase.explicit], deadline=None)
-@example(case=BUDGET_CUT)
-@given(case=cases())
-def test_spec_decode_cut_short_by_the_budget_accepts_only_what_it_was_given(case):
-    run_case(case)
 
 
 # ------------------------------------------------------------ state machine

@@ -21,7 +21,7 @@ CONFIGS = {
     "dep4 lockstep": dict(model="tiny-qwen3-moe", layout="dep4", num_speculative_tokens=2,
                           acceptance_length=2.5, router="least_loaded"),
     "preemption pressure": dict(model="tiny-llama", layout="tp1",
-                                num_gpu_blocks_override=1320, max_num_seqs=8),
+                                num_gpu_blocks_override=1000, max_num_seqs=8),
     "sliding window": dict(model="tiny-gpt-oss", layout="tp1", num_speculative_tokens=2,
                            acceptance_length=2.5),
     "sliding window, tight KV": dict(model="tiny-gpt-oss", layout="dp2",
@@ -36,8 +36,9 @@ def replay(ff: bool, cfg: dict, block_events: bool = False):
         engine.events.subscribe(lambda e: log.append((type(e).__name__, e.t, e.rank,
                                                       e.request_id, e.blocks.tolist())),
                                 BlocksAllocated, BlocksCached)
+    # part-way starts: long contexts from the first step, so KV pressure bites
     result = engine.replay(small_agentx(6, seed=3), concurrency=4, duration_s=60,
-                           max_idle_s=2.0)
+                           max_idle_s=2.0, start_part_way=True)
     return result, log
 
 

@@ -128,7 +128,7 @@ def test_offer_compares_load_seconds_with_the_cost_models_recompute(load_s_vs_re
 
 def test_tiers_raise_prefix_hits_of_an_agentic_replay_and_are_deterministic():
     trace = small_agentx(6, seed=3)
-    kw = dict(num_gpu_blocks_override=1400, block_size=16)
+    kw = dict(num_gpu_blocks_override=1300, block_size=16)
     base = Engine("llama-3.1-8b", "tp1", "h200", **kw).replay(
         trace, concurrency=6, loop_trace=False, progress=False)
     runs = [Engine("llama-3.1-8b", "tp1", "h200", cpu_kv_gib=16, **kw).replay(
