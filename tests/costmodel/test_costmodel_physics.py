@@ -32,7 +32,7 @@ def test_time_grows_with_work(cm):
         cm.mla_prefill_module(1, sizes, 0, 128),
         cm.sparse_attention(sizes, 1, 2048, 128),
         cm.indexer(1, 1, sizes),
-        cm.moe(sizes, 7168, 2048, 8, 256, ep_size=8, dtype="fp8"),
+        cm.moe(sizes, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block"),
         cm.collective("all_reduce", sizes * 1e3, 8),
         cm.p2p(sizes * 1e3), cm.host_transfer(sizes * 1e3),
     ]
@@ -85,8 +85,8 @@ def test_b200_faster_than_h200():
         (h200.attention_prefill(1, 8192, 0, 32, 8, 128),
          b200.attention_prefill(1, 8192, 0, 32, 8, 128)),
         (h200.mla_decode_module(64, 32768, 16), b200.mla_decode_module(64, 32768, 16)),
-        (h200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8"),
-         b200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8")),
+        (h200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block"),
+         b200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block")),
         (h200.collective("all_reduce", 64e6, 8), b200.collective("all_reduce", 64e6, 8)),
     ]
     for i, (slow, fast) in enumerate(pairs):
@@ -139,14 +139,13 @@ def test_indexer_is_quadratic_in_a_full_prefill(cm):
 
 
 def test_moe_expert_parallel_cuts_time_but_not_linearly(cm):
-    t = [cm.moe(8192, 7168, 2048, 8, 256, ep_size=ep, dtype="fp8") for ep in (1, 8, 64)]
+    t = [cm.moe(8192, 7168, 2048, 8, 256, ep_size=ep, dtype="fp8_block") for ep in (1, 8, 64)]
     assert t[0] > t[1] > t[2]
     assert t[1] > t[0] / 8  # the fused kernel still walks every routed row
     # skewed routing: the busiest rank is slower than a balanced one under EP
-    assert cm.moe(8192, 7168, 2048, 8, 256, ep_size=8, dtype="fp8",
+    assert cm.moe(8192, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block",
                   distribution="power_law") > t[1]
 
 
-def test_step_overhead_is_exposed(cm):
-    assert 1e-4 <= cm.step_overhead_s <= 5e-3
+def test_hardware_is_exposed(cm):
     assert cm.hardware.name in PRESETS
