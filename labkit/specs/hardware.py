@@ -78,11 +78,12 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             internode_bandwidth=200e9 / 8, pcie_bandwidth=_PCIE4_X16,
             source="NVIDIA A100 80GB SXM datasheet",
         ),
-        # L40S: GDDR6, no NVLink — TP collectives cross PCIe Gen4 (host bridge).
+        # L40S: GDDR6, no NVLink — TP collectives cross PCIe Gen4 (host bridge); PCIe
+        # servers carry about one 200 Gb/s NIC per GPU.
         HardwareSpec(
             "l40s", flops_bf16=362.05 * TB, flops_fp8=733 * TB, hbm_bytes=48 * GB,
             hbm_bandwidth=864 * GB, nvlink_bandwidth=_PCIE4_X16,
-            internode_bandwidth=_IB_400G, pcie_bandwidth=_PCIE4_X16,
+            internode_bandwidth=200e9 / 8, pcie_bandwidth=_PCIE4_X16,
             source="NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink)",
         ),
     ]

@@ -52,6 +52,8 @@ def test_large_gemm_approaches_but_never_exceeds_peak(cm, dtype):
 
 
 def test_fp8_gemm_faster_than_bf16_at_large_shapes(cm):
+    if cm.hardware.flops_fp8 <= cm.hardware.flops_bf16:
+        pytest.skip(f"{cm.hardware.name} has no FP8 tensor cores (fp8 runs at the bf16 rate)")
     for m in (4096, 16384):
         bf16 = cm.gemm(m, 8192, 8192, "bf16")
         assert cm.gemm(m, 8192, 8192, "fp8") < bf16
