@@ -103,6 +103,9 @@ def test_all_reduce_is_about_twice_reduce_scatter_at_large_messages(cm):
 
 
 def test_inter_node_slower_than_intra_node(cm):
+    if cm.hardware.nvlink_bandwidth <= cm.hardware.pcie_bandwidth:
+        pytest.skip(f"{cm.hardware.name} has no NVLink: its GPUs talk over PCIe inside a "
+                    "node too, barely faster than the NIC")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         for nbytes in (1e4, 1e6, 1e8):
             assert cm.collective(op, nbytes, 16) > cm.collective(op, nbytes, 8)
