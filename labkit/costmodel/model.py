@@ -152,18 +152,20 @@ class CostModel:
     # ---- one engine step ------------------------------------------------------------
     def step_time(self, model, layout, batch, *, kv_dtype: str = "bf16",
                   num_speculative_tokens: int = 0, dcp_kv_cache_interleave_size: int = 1,
-                  lockstep: bool | None = None) -> dict:
+                  lockstep: bool | None = None, **knobs) -> dict:
         """One engine step of `batch` under `layout`, composed from the ops above.
 
         `batch`: entries {"new_tokens": n, "context": c} (tokens already cached before
         the step); a decode entry has n = 1 + draft tokens (say "decode": True/False to
         override the guess). A flat list is one DP rank's batch; a list of lists gives
-        one batch per DP rank (DEP ranks run in lockstep). Returns seconds of the step,
-        its compute_s and comm_s (slowest rank), and per_rank dicts with stall_s.
+        one batch per DP rank (DEP ranks run in lockstep). `knobs`: engine knobs of the
+        step's overheads and routing (`cudagraph_mode`, `async_scheduling`, `moe_routing`,
+        `enable_eplb`, ...). Returns seconds of the step, its compute_s and comm_s
+        (slowest rank), and per_rank dicts with stall_s.
         """
         from labkit.engine.sim.step_time import step_time
 
         return step_time(self, model, layout, batch, kv_dtype=kv_dtype,
                          num_speculative_tokens=num_speculative_tokens,
                          dcp_kv_cache_interleave_size=dcp_kv_cache_interleave_size,
-                         lockstep=lockstep)
+                         lockstep=lockstep, **knobs)

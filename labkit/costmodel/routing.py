@@ -42,8 +42,7 @@ from functools import lru_cache
 import numpy as np
 
 from labkit.errors import ConfigError, unknown_choice
-
-ROUTINGS = ("balanced", "power_law_1.01", "power_law_1.2")
+from labkit.specs.config import MOE_ROUTINGS as ROUTINGS
 GRID_T = 2.0 ** (np.arange(0, 41) / 2.0)  # 1 .. 2^20 tokens, half octaves
 CALIBRATION_LAYERS = 64  # draws behind the calibration data's expectation
 

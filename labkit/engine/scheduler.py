@@ -106,6 +106,9 @@ class Scheduler:
         # fetch them here) — a session moved off the rank that has its KV.
         self.prefix_sources: list = []  # where else a prefix may come from (transfer.py)
         self.hold_kv_on_finish = False  # keep a finished request's blocks (P/D prefill)
+        # async scheduling: requests that arrived after this time are not yet visible
+        # (the instance sets it before each step, as it sets `now`)
+        self.visible_until = float("inf")
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -180,6 +183,8 @@ class Scheduler:
         admit = admit_prefills and not batch.preempted
         while admit and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
+            if req.arrival_s > self.visible_until:
+                break  # arrived after this step was scheduled (async scheduling)
             adopted = req.request_id in self.kv.tables  # forked from a running parent
             match = NO_MATCH if adopted else self._cached_prefix(req)
             cached = req.num_computed_tokens if adopted else match.num_tokens
