@@ -43,7 +43,8 @@ import numpy as np
 
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs.config import MOE_ROUTINGS as ROUTINGS
-GRID_T = 2.0 ** (np.arange(0, 41) / 2.0)  # 1 .. 2^20 tokens, half octaves
+LOG2_GRID_T = np.arange(0, 41) / 2.0
+GRID_T = 2.0 ** LOG2_GRID_T  # 1 .. 2^20 tokens, half octaves
 CALIBRATION_LAYERS = 64  # draws behind the calibration data's expectation
 
 
@@ -152,6 +153,20 @@ def _factor_table(num_experts: int, topk: int, ep: int, alpha: float, num_redund
     return factors
 
 
+def factor_curve(num_experts: int, topk: int, ep: int, routing: str, num_redundant: int = 0,
+                 layers: int = CALIBRATION_LAYERS, seed: int = 0,
+                 sampled: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """(log2 tokens, factor) points `busiest_factor` interpolates; None when the factor
+    is 1 everywhere (balanced routing, ep = 1)."""
+    alpha = routing_alpha(routing)
+    if alpha is None or ep <= 1:
+        return None
+    if num_redundant:
+        check_eplb(num_experts, ep, num_redundant)
+    return LOG2_GRID_T, _factor_table(int(num_experts), int(topk), int(ep), alpha,
+                                      int(num_redundant), int(layers), int(seed), bool(sampled))
+
+
 def busiest_factor(tokens, num_experts: int, topk: int, ep: int, routing: str,
                    num_redundant: int = 0, layers: int = CALIBRATION_LAYERS,
                    seed: int = 0, sampled: bool = False) -> np.ndarray:
@@ -160,12 +175,8 @@ def busiest_factor(tokens, num_experts: int, topk: int, ep: int, routing: str,
     `sampled`: a step's actual counts scatter around the layer's expected loads (the
     engine); without it, rows follow the expected loads exactly (the calibration
     collector's synthetic routing)."""
-    alpha = routing_alpha(routing)
     tokens = np.asarray(tokens, dtype=float)
-    if alpha is None or ep <= 1:
+    curve = factor_curve(num_experts, topk, ep, routing, num_redundant, layers, seed, sampled)
+    if curve is None:
         return np.ones_like(tokens)
-    if num_redundant:
-        check_eplb(num_experts, ep, num_redundant)
-    table = _factor_table(int(num_experts), int(topk), int(ep), alpha, int(num_redundant),
-                          int(layers), int(seed), bool(sampled))
-    return np.interp(np.log2(np.maximum(tokens, 1.0)), np.log2(GRID_T), table)
+    return np.interp(np.log2(np.maximum(tokens, 1.0)), *curve)

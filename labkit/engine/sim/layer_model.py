@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from labkit.costmodel.routing import busiest_factor
+from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.sim.work import StepTiming, StepWork
@@ -74,7 +74,10 @@ class LayerStepModel:
         self.heads = m.num_heads / lay.tp  # query heads a TP rank owns
         self.overheads = overheads
         self.moe_routing = moe_routing
-        self.seed = seed
+        # the busiest EP rank's load factor against routed tokens (None: always 1)
+        self.moe_curve = factor_curve(m.num_experts, m.num_experts_per_tok, lay.ep, moe_routing,
+                                      placement.redundant_experts, max(m.num_moe_layers, 1),
+                                      seed, sampled=True) if m.is_moe else None
 
     @classmethod
     def from_config(cls, placement: Placement, ops, config: EngineConfig,
@@ -135,19 +138,9 @@ class LayerStepModel:
                           temporary_kv_bytes=self._temporary_kv(work))
 
     def _graphs(self, work: StepWork, lockstep: bool):
-        """Each rank's CUDA-graph mode and the tokens its GEMMs run (padded to the
-        capture size; lockstep ranks agree on one mode and one padded size)."""
         if self.overheads is None:
             return None, None
-        lay = self.layout
-        dummy = work.idle & lockstep
-        tokens = work.prefill_tokens / lay.pcp + np.where(dummy, 1, work.decode_tokens)
-        uniform = (work.num_prefill_reqs == 0) & \
-            ((work.decode_tokens == self.width * work.num_decode_reqs) | dummy)
-        mode, padded = self.overheads.dispatch(tokens, uniform)
-        if lockstep and tokens.shape[-1] > 1:
-            mode, padded = self.overheads.sync_ranks(mode, padded, tokens)
-        return mode, padded
+        return self.overheads.graphs(work, lockstep, self.layout.pcp, self.width)
 
     def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
@@ -301,13 +294,11 @@ class LayerStepModel:
             return (dense, 0.0), (dense_comm, 0.0)
         # the kernel sees every token the expert group routes (num_tokens across EP);
         # under EP every rank waits for the busiest (the routing distribution's share)
-        routing = self.moe_routing
-        factor = busiest_factor(group, m.num_experts, m.num_experts_per_tok, lay.ep, routing,
-                                self.placement.redundant_experts, max(m.num_moe_layers, 1),
-                                self.seed, sampled=True)
+        factor = 1.0 if self.moe_curve is None else \
+            np.interp(np.log2(np.maximum(group, 1.0)), *self.moe_curve)
         moe = ops.moe(group, h, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
                       ep_size=lay.ep, tp_size=1 if lay.ep > 1 else tp, dtype=self.moe_dtype,
-                      distribution=routing, load_factor=factor)
+                      distribution=self.moe_routing, load_factor=factor)
         shared = m.num_shared_experts * m.moe_intermediate_size / tp
         if shared:
             moe = moe + ops.gemm(tokens, 2 * shared, h, w) + ops.gemm(tokens, h, shared, w)
@@ -350,7 +341,8 @@ class LayerStepModel:
         if m.is_moe:
             layer = layer + self.ops.moe(rows, m.hidden_size, m.moe_intermediate_size,
                                          m.num_experts_per_tok, m.num_experts,
-                                         dtype=self.moe_dtype, distribution=self.moe_routing)
+                                         dtype=self.moe_dtype, distribution=self.moe_routing,
+                                         load_factor=1.0)
         per_draft = layer + self._lm_head(rows)
         return np.where(decode_reqs > 0, self.drafts * per_draft, 0.0)
 

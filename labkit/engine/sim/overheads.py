@@ -146,6 +146,19 @@ class StepOverheads:
             padded = np.where(fits, sizes[np.minimum(i, len(sizes) - 1)], padded)
         return mode, padded
 
+    def graphs(self, work, lockstep: bool, pcp: int = 1, decode_query_len: int = 1):
+        """Each rank's graph mode and the tokens its GEMMs run for a `StepWork` (padded
+        to the capture size; lockstep ranks agree on one mode and one padded size; an
+        idle lockstep rank runs a one-token dummy batch, padded like the others)."""
+        dummy = work.idle & lockstep
+        tokens = work.prefill_tokens / pcp + np.where(dummy, 1, work.decode_tokens)
+        uniform = (work.num_prefill_reqs == 0) & \
+            ((work.decode_tokens == decode_query_len * work.num_decode_reqs) | dummy)
+        mode, padded = self.dispatch(tokens, uniform)
+        if lockstep and tokens.shape[-1] > 1:
+            mode, padded = self.sync_ranks(mode, padded, tokens)
+        return mode, padded
+
     def sync_ranks(self, mode: np.ndarray, padded: np.ndarray, tokens: np.ndarray):
         """Lockstep DP ranks (last axis) agree: the lowest mode of any rank; with graphs,
         every rank padded to the largest padded batch; eagerly, no padding at all."""
