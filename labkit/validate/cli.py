@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
                                   "$LABKIT_SHARED_DATA)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--duration-scale", type=float, default=None,
-                   help="replayed seconds per measured second (default 0.25)")
+                   help="replayed seconds per measured second (default 0.1)")
     p.add_argument("--run", action="append", default=None, metavar="ID",
                    help="replay only this run (repeatable)")
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from labkit.validate.runs import METRICS, load_runs
 from labkit.validate.simulate import simulate_run
 
-DEFAULT_SCALE = 0.25  # replayed seconds per measured second (see workload.py)
+DEFAULT_SCALE = 0.1  # replayed seconds per measured second (see workload.py)
 GOAL_APE = 15.0  # the goal on the held-out part: E2E mean, TTFT mean, TPOT
 GOAL_METRICS = ("e2e_mean", "ttft_mean", "tpot")
 

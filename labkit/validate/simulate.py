@@ -34,7 +34,7 @@ from labkit.validate.runs import GROUPS, PROMPTS_PER_GROUP
 from labkit.validate.workload import shared_prefix_trace
 
 # ---- fitted (python -m labkit.validate.fit), with overheads.FITTED
-FRONTEND_S = 5.0e-3
+FRONTEND_S = 8.187e-3
 
 
 def engine_for(run, params: OverheadParams = FITTED) -> Engine:
@@ -46,7 +46,7 @@ def engine_for(run, params: OverheadParams = FITTED) -> Engine:
     return Engine(model, run["layout"], hardware, cost_model=step_model, config=config)
 
 
-def simulate_run(run, duration_scale: float = 0.25, params: OverheadParams = FITTED,
+def simulate_run(run, duration_scale: float = 0.1, params: OverheadParams = FITTED,
                  frontend_s: float = FRONTEND_S) -> dict:
     """The client-side metrics of one replayed run (seconds; throughput in tokens/s)."""
     trace = shared_prefix_trace(run["stages"], int(round(run["prompt_len"])),

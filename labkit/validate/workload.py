@@ -11,7 +11,7 @@ stage start + k / rate (inference-perf's small timing jitter is left out).
 
 `duration_scale` shortens every stage by the same factor: the mix of stages, the
 rates, hence the steady state of each stage, stay; only the number of requests
-shrinks (0.25: 600-s stages run 150 s). The measured aggregates pool all requests of a
+shrinks (0.1: 600-s stages run 60 s). The measured aggregates pool all requests of a
 run, so a uniform scale keeps each stage's weight in them.
 """
 
