@@ -118,13 +118,31 @@ class StepOverheads:
         self.async_scheduling = async_scheduling
         self.layers = layers
         none = mode == "NONE" or len(sizes) == 0
-        self.mixed_sizes = sizes if mode in ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE") \
-            and not none else np.empty(0, dtype=np.int64)
-        self.mixed_mode = FULL if mode == "FULL" else PIECEWISE
+        mixed = sizes if mode in ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE") and not none \
+            else np.empty(0, dtype=np.int64)
         q = decode_query_len
-        decode = sizes[(sizes >= q) & (sizes <= q * max_num_seqs)]
-        self.decode_sizes = decode if mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") \
-            and not none else np.empty(0, dtype=np.int64)
+        decode = sizes[(sizes >= q) & (sizes <= q * max_num_seqs)] \
+            if mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") and not none \
+            else np.empty(0, dtype=np.int64)
+        # lookup tables over batch sizes 0..top: [mixed, uniform decode] x (padded size,
+        # runtime mode); a padded size of 0 means no graph holds the batch
+        self.top = int(max(sizes.max(initial=0), 1))
+        self._pad = np.zeros((2, self.top + 1))
+        self._mode = np.full((2, self.top + 1), NONE, dtype=np.int64)
+        for row, kind_sizes, runtime in ((0, mixed, FULL if mode == "FULL" else PIECEWISE),
+                                         (1, decode, FULL)):
+            if len(kind_sizes):
+                t = np.arange(1, self.top + 1)
+                i = np.searchsorted(kind_sizes, t)
+                fits = i < len(kind_sizes)
+                top = kind_sizes[np.minimum(i, len(kind_sizes) - 1)]
+                self._pad[row, 1:] = np.where(fits, top, 0)
+                self._mode[row, 1:] = np.where(fits, runtime, NONE)
+        # a uniform decode batch no decode graph holds replays the mixed graphs
+        no_decode = self._pad[1] == 0
+        self._pad[1, no_decode] = self._pad[0, no_decode]
+        self._mode[1, no_decode] = self._mode[0, no_decode]
+        self._launch = np.array([params.eager_layer_s, params.piecewise_layer_s, 0.0]) * layers
 
     @property
     def min_step_s(self) -> float:
@@ -136,19 +154,12 @@ class StepOverheads:
         """(runtime mode, padded tokens) of batches of `tokens` (any shape): a uniform
         decode batch replays the FULL graph of the next decode capture size; any other
         batch the mixed-mode graph of the next capture size; beyond them, eager."""
-        tokens = np.asarray(tokens)
-        mode = np.full(tokens.shape, NONE, dtype=np.int64)
-        padded = tokens.astype(float)
-        everyone = np.ones(tokens.shape, dtype=bool)
-        for sizes, runtime, where in ((self.mixed_sizes, self.mixed_mode, everyone),
-                                      (self.decode_sizes, FULL, uniform_decode)):
-            if not len(sizes):
-                continue
-            i = np.searchsorted(sizes, np.ceil(tokens), side="left")
-            fits = where & (i < len(sizes)) & (tokens > 0)
-            mode = np.where(fits, runtime, mode)
-            padded = np.where(fits, sizes[np.minimum(i, len(sizes) - 1)], padded)
-        return mode, padded
+        tokens = np.asarray(tokens, dtype=float)
+        size = np.ceil(tokens)
+        idx = np.where(size <= self.top, size, 0).astype(np.intp)
+        kind = np.asarray(uniform_decode, dtype=np.intp)
+        padded = self._pad[kind, idx]
+        return self._mode[kind, idx], np.where(padded > 0, padded, tokens)
 
     def graphs(self, work, lockstep: bool, pcp: int = 1, decode_query_len: int = 1):
         """Each rank's graph mode and the tokens its GEMMs run for a `StepWork` (padded
@@ -174,10 +185,9 @@ class StepOverheads:
 
     # ------------------------------------------------------------------ time
     def launch_s(self, mode: np.ndarray) -> np.ndarray:
-        p = self.params
-        per_layer = np.where(mode == NONE, p.eager_layer_s,
-                             np.where(mode == PIECEWISE, p.piecewise_layer_s, 0.0))
-        return per_layer * self.layers
+        """CPU launches of a step: none under a FULL graph, the attention of every layer
+        under PIECEWISE, every kernel of every layer eagerly."""
+        return self._launch[mode]
 
     def cpu_s(self, num_reqs: np.ndarray, tokens: np.ndarray, dp_ranks: int = 1) -> np.ndarray:
         """Scheduling, input preparation, sampling and output processing of one step
