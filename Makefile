@@ -40,7 +40,8 @@ bench: $(STAMP)
 
 # Re-execute every notebook in place (after a change that moves their numbers).
 notebooks: $(STAMP)
-	for nb in notebooks/*.ipynb notebooks/tutorials/*.ipynb notebooks/experiments/*.ipynb; do \
+	for nb in notebooks/*.ipynb notebooks/tutorials/*.ipynb notebooks/experiments/*.ipynb \
+			notebooks/validation/*.ipynb; do \
 		(cd $$(dirname $$nb) && $(CURDIR)/$(BIN)/jupyter nbconvert --to notebook --execute \
 			--inplace --ExecutePreprocessor.store_widget_state=False $$(basename $$nb)) || exit 1; \
 	done
