@@ -13,6 +13,7 @@
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
+    labkit validate [--data DIR] [--json]   (measured serving runs: see labkit/validate)
     labkit bench sim | costmodel | layouts | kernels | compute | kv
     labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
 
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     from labkit.experiments.pd_cli import add_pd_parser
 
     add_pd_parser(sub, add_knob_flags)
+    from labkit.validate.cli import add_parser as add_validate_parser
+
+    add_validate_parser(sub)
 
     # `labkit lab ...` hands every option to jupyter lab (main() routes it before parsing)
     sub.add_parser("lab", help="JupyterLab on this folder: notebooks/ first, runs/ reachable, "
@@ -223,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             from labkit.experiments.pd_cli import run_pd_command
 
             return run_pd_command(args, knobs_from_args(args))
+        if args.command == "validate":
+            from labkit.validate.cli import run as run_validate
+
+            return run_validate(args)
         if args.command == "bench":
             from labkit.bench import run_bench
 

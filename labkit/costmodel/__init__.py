@@ -8,14 +8,14 @@ efficiencies and latencies fitted once on H100 SXM measurements of vLLM's kernel
 
 Reading order: `device` (what a GPU is), `curves` (how limits combine), `params` (the
 fitted constants), then one file per op family (`gemm`, `attention`, `mla`, `sparse`,
-`moe`, `comm`), and `model` (the `CostModel` facade). `fit` re-derives the constants
+`moe` with `routing`, `comm`), and `model` (the `CostModel` facade). `fit` re-derives the constants
 from the data (`python -m labkit.costmodel.fit`); `bench` reports the errors.
 """
 
 from labkit.costmodel.device import SM_COUNTS, Device, make_device
 from labkit.costmodel.mla import MlaDims
-from labkit.costmodel.model import STEP_OVERHEAD_S, CostModel
+from labkit.costmodel.model import CostModel
 from labkit.costmodel.params import CALIBRATED, CostModelParams
 
-__all__ = ["CALIBRATED", "SM_COUNTS", "STEP_OVERHEAD_S", "CostModel", "CostModelParams",
+__all__ = ["CALIBRATED", "SM_COUNTS", "CostModel", "CostModelParams",
            "Device", "MlaDims", "make_device"]

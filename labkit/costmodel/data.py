@@ -10,7 +10,8 @@ Which measured kernels a family keeps (the ones vLLM serves with on Hopper):
 - gemm: cuBLAS bf16, CUTLASS fp8 (per-token), DeepGEMM fp8_block;
 - attention: FlashAttention-3, full attention (window_size 0);
 - MLA modules: every row (both attention backends, both cache and GEMM dtypes);
-- MoE: bf16 Triton; fp8 = the block-scaled kernels (Triton and FlashInfer CUTLASS);
+- MoE: bf16 Triton; fp8_block = the block-scaled kernels (Triton and FlashInfer
+  CUTLASS); fp8 = the per-tensor ModelOpt kernel (FlashInfer CUTLASS);
 - NCCL: every row, per op.
 """
 
@@ -117,11 +118,11 @@ def _moe(folder: Path, moe_dtype: str, dtype: str, distribution: str) -> Family:
     dist = "distribution == 'balanced'" if distribution == "balanced" else \
         "distribution.str.startswith('power_law')"
     f = _read(folder, "moe", f"moe_dtype == '{moe_dtype}' and {dist}")
-    args = [_col(f, c) for c in ("num_tokens", "hidden_size", "inter_size", "topk",
-                                 "num_experts", "moe_ep_size", "moe_tp_size")]
-
-    def predict(cm: CostModel) -> np.ndarray:
-        return cm.moe(*args, dtype=dtype, distribution=distribution)
+    # every power-law row priced with its own exponent (power_law_1.01, power_law_1.2)
+    predict = _by_groups(f, ["distribution"], lambda cm, g, d: cm.moe(
+        *(_col(g, c) for c in ("num_tokens", "hidden_size", "inter_size", "topk",
+                               "num_experts", "moe_ep_size", "moe_tp_size")),
+        dtype=dtype, distribution=d))
     return Family(f"moe {dtype} {distribution}", f, predict)
 
 
@@ -146,8 +147,10 @@ def load_families(data_dir: str | Path) -> dict[str, Family]:
         *_mla(folder),
         _moe(folder, "bfloat16", "bf16", "balanced"),
         _moe(folder, "bfloat16", "bf16", "power_law"),
-        _moe(folder, "fp8_block", "fp8", "balanced"),
-        _moe(folder, "fp8_block", "fp8", "power_law"),
+        _moe(folder, "fp8_block", "fp8_block", "balanced"),
+        _moe(folder, "fp8_block", "fp8_block", "power_law"),
+        _moe(folder, "fp8", "fp8", "balanced"),
+        _moe(folder, "fp8", "fp8", "power_law"),
         *(_nccl(folder, op) for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall")),
     ]
     return {f.name: f for f in families}

@@ -24,8 +24,10 @@ from labkit.errors import ConfigError
 from labkit.specs.hardware import HARDWARE_ALIASES, HardwareSpec, get_hardware
 
 # SM counts from NVIDIA's datasheets / whitepapers (H100 SXM5: 132 of the die's 144;
-# H200 SXM: the same GH100 configuration; B200: 148 across its two dies).
-SM_COUNTS: dict[str, int] = {"h100": 132, "h200": 132, "b200": 148}
+# H200 SXM: the same GH100 configuration; B200: 148 across its two dies; A100: 108 of
+# GA100's 128; L40S: 142 of AD102's 144).
+SM_COUNTS: dict[str, int] = {"h100": 132, "h200": 132, "b200": 148, "a100-80gb": 108,
+                             "l40s": 142}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,10 @@ Every method takes scalars or numpy arrays for its shape arguments (broadcast to
 elementwise, with no branching on values) and returns seconds: a float for scalars, an
 array otherwise; element i of an array call equals the scalar call on element i, bit
 for bit. String arguments (dtypes, op names) choose the formula and must be scalars.
-Ops are kernels as vLLM 0.24 runs them under CUDA graphs; `step_overhead_s` is what an
-engine step costs beyond its kernels. The step model (`step_time`) composes these ops.
+Ops are kernels as vLLM 0.24 runs them under CUDA graphs; what an engine step costs
+beyond its kernels (graph launches, the CPU's scheduling, input preparation and
+sampling) is the step model's business (`engine/sim/overheads.py`), which composes
+these ops (`step_time`).
 """
 
 from __future__ import annotations
@@ -23,15 +25,6 @@ from labkit.costmodel.params import CALIBRATED, CostModelParams
 from labkit.errors import unknown_choice
 from labkit.specs.dtypes import dtype_bytes
 from labkit.specs.hardware import HardwareSpec
-
-# Per engine step, beyond the kernels: scheduling, input preparation (token ids, block
-# tables and positions copied to the GPU), sampling and output processing, on the CPU.
-# Not fitted: the data has single kernels only. 1 ms is the order of that CPU work in
-# vLLM without async scheduling (each part costs ~0.1-0.5 ms for a few hundred running
-# requests; the kernel timings above already include GPU-side launch gaps, being taken
-# under CUDA graphs). Async scheduling hides much of it behind the GPU, so treat it as
-# an upper-end default and pass `step_overhead_s=` to study it.
-STEP_OVERHEAD_S = 1.0e-3
 
 KV_DTYPES = ("bf16", "fp8")
 DEEPSEEK_V3_MLA = mla.MlaDims()
@@ -47,11 +40,9 @@ class CostModel:
     """Op-level cost model of one GPU; see the module docstring."""
 
     def __init__(self, hardware: str | HardwareSpec = "h200", *, sm_count: int | None = None,
-                 params: CostModelParams = CALIBRATED,
-                 step_overhead_s: float = STEP_OVERHEAD_S) -> None:
+                 params: CostModelParams = CALIBRATED) -> None:
         self.device: Device = make_device(hardware, sm_count)
         self.params = params
-        self.step_overhead_s = step_overhead_s
 
     @property
     def hardware(self) -> HardwareSpec:
@@ -68,12 +59,19 @@ class CostModel:
                                         dtype))
 
     def moe(self, num_tokens, hidden, inter, topk, num_experts, ep_size=1, tp_size=1,
-            dtype: str = "bf16", distribution: str = "balanced"):
-        """A fused MoE layer on one GPU (router excluded); dtype "bf16" or "fp8" (block)."""
-        d = moe.check_moe_args(dtype, distribution)
-        return result(moe.moe_seconds(self.device, self.params.moe[d], a(num_tokens), a(hidden),
-                                      a(inter), a(topk), a(num_experts), a(ep_size), a(tp_size),
-                                      d, distribution))
+            dtype: str = "bf16", distribution: str = "balanced", load_factor=None):
+        """A fused MoE layer on the busiest GPU of its expert group (router excluded);
+        dtype "bf16", "fp8" (per-tensor) or "fp8_block". `distribution`: "balanced" or
+        "power_law_<alpha>" routing (see `routing.py`); `load_factor` overrides the
+        busiest rank's share of rows over the balanced one (default: what the
+        distribution's calibration draws give)."""
+        routing = moe.check_moe_args(dtype, distribution)
+        if load_factor is None:
+            load_factor = moe.default_load_factor(num_tokens, num_experts, topk, ep_size,
+                                                  routing)
+        return result(moe.moe_seconds(self.device, self.params.moe[dtype], a(num_tokens),
+                                      a(hidden), a(inter), a(topk), a(num_experts), a(ep_size),
+                                      a(tp_size), dtype, routing, a(load_factor)))
 
     # ---- attention ------------------------------------------------------------------
     def attention_decode(self, batch, context, num_heads, num_kv_heads, head_dim,
@@ -154,18 +152,20 @@ class CostModel:
     # ---- one engine step ------------------------------------------------------------
     def step_time(self, model, layout, batch, *, kv_dtype: str = "bf16",
                   num_speculative_tokens: int = 0, dcp_kv_cache_interleave_size: int = 1,
-                  lockstep: bool | None = None) -> dict:
+                  lockstep: bool | None = None, **knobs) -> dict:
         """One engine step of `batch` under `layout`, composed from the ops above.
 
         `batch`: entries {"new_tokens": n, "context": c} (tokens already cached before
         the step); a decode entry has n = 1 + draft tokens (say "decode": True/False to
         override the guess). A flat list is one DP rank's batch; a list of lists gives
-        one batch per DP rank (DEP ranks run in lockstep). Returns seconds of the step,
-        its compute_s and comm_s (slowest rank), and per_rank dicts with stall_s.
+        one batch per DP rank (DEP ranks run in lockstep). `knobs`: engine knobs of the
+        step's overheads and routing (`cudagraph_mode`, `async_scheduling`, `moe_routing`,
+        `enable_eplb`, ...). Returns seconds of the step, its compute_s and comm_s
+        (slowest rank), and per_rank dicts with stall_s.
         """
         from labkit.engine.sim.step_time import step_time
 
         return step_time(self, model, layout, batch, kv_dtype=kv_dtype,
                          num_speculative_tokens=num_speculative_tokens,
                          dcp_kv_cache_interleave_size=dcp_kv_cache_interleave_size,
-                         lockstep=lockstep)
+                         lockstep=lockstep, **knobs)

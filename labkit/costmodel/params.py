@@ -62,7 +62,6 @@ class MoeParams:
     compute_eff: float
     memory_eff: float
     grid_s: float  # per routed row and output column, on one SM
-    power_law_skew: float  # busiest EP rank's excess rows under power-law routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +103,11 @@ CALIBRATED = CostModelParams(
                   prefill_overhead_s=4.698e-05, token_bytes=1.338e+05),
     moe={
         "bf16": MoeParams(launch_s=3.867e-05, compute_eff=0.6857, memory_eff=0.8978,
-                          grid_s=2.383e-10, power_law_skew=1.308),
-        "fp8": MoeParams(launch_s=2.868e-05, compute_eff=0.2722, memory_eff=0.8098,
-                         grid_s=2.987e-11, power_law_skew=1.33),
+                          grid_s=2.383e-10),
+        # per-tensor fp8 (ModelOpt / FlashInfer CUTLASS): far from HBM speed at any size
+        "fp8": MoeParams(launch_s=3.817e-05, compute_eff=0.1727, memory_eff=0.1885, grid_s=0.0),
+        "fp8_block": MoeParams(launch_s=2.868e-05, compute_eff=0.2722, memory_eff=0.8098,
+                               grid_s=2.987e-11),
     },
     comm=CommParams(base_s=5.898e-06, hop_s=6.896e-07, ll_eff=0.2839, bulk_base_s=2.188e-05,
                     bus_eff={"all_reduce": 0.7115, "all_gather": 0.6528,

@@ -41,6 +41,13 @@ class KVCapacity:
         return self.num_blocks * self.block_size
 
 
+def placement_for(model, layout, config: EngineConfig) -> Placement:
+    """Who holds what under `config`'s KV dtype, DCP interleave, drafts and EPLB."""
+    return Placement(model, layout, config.kv_dtype(), config.dcp_kv_cache_interleave_size,
+                     include_mtp=config.num_speculative_tokens > 0,
+                     redundant_experts=config.num_redundant_experts if config.enable_eplb else 0)
+
+
 def memory_budget(placement: Placement, hardware, config: EngineConfig,
                   temporary_tokens: int = 0) -> float:
     """Bytes per GPU left for persistent KV after weights, reserve, temporaries, state."""
@@ -55,8 +62,7 @@ def memory_budget(placement: Placement, hardware, config: EngineConfig,
 def kv_capacity(model, hardware, layout, config: EngineConfig, block_size: int,
                 max_request_tokens: int = 0) -> KVCapacity:
     """KV blocks per DP rank; raises ConfigError if the weights leave no room."""
-    placement = Placement(model, layout, config.kv_dtype(), config.dcp_kv_cache_interleave_size,
-                          include_mtp=config.num_speculative_tokens > 0)
+    placement = placement_for(model, layout, config)
     per_token = placement.kv_bytes_per_token_per_gpu()
     available = memory_budget(placement, hardware, config, max_request_tokens)
     if config.num_gpu_blocks_override is not None:
@@ -84,8 +90,7 @@ def capacity(model, layout, hardware="h200", context: int = 131072, kv_dtype: st
     config = EngineConfig.from_knobs(kv_cache_dtype=kv_dtype,
                                      gpu_memory_utilization=gpu_memory_utilization, **knobs)
     check_sliding_window(model, layout, config)
-    placement = Placement(model, layout, config.kv_dtype(), config.dcp_kv_cache_interleave_size,
-                          include_mtp=config.num_speculative_tokens > 0)
+    placement = placement_for(model, layout, config)
     available = memory_budget(placement, hardware, config, context)
     per_token = placement.kv_bytes_per_token_per_gpu()
     tokens = max(0, int(available // per_token)) if per_token else 0

@@ -157,8 +157,8 @@ class Engine:
             from labkit.costmodel import CostModel
             from labkit.engine.sim.layer_model import LayerStepModel
 
-            return LayerStepModel(self.placement, CostModel(self.hardware),
-                                  self.config.num_speculative_tokens)
+            return LayerStepModel.from_config(self.placement, CostModel(self.hardware),
+                                              self.config)
         if choice == "roofline":
             return RooflineCostModel(self.model, self.hardware, self.layout,
                                      self.config.kv_dtype())

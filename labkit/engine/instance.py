@@ -15,6 +15,12 @@ The instance keeps the step counter that `prefill_schedule_interval` aligns on a
 that drives speculative acceptance: step s accepts floor((s+1)·a) - floor(s·a) tokens
 per decoding request, so acceptance length 2.99 gives exactly 299 tokens per 100
 steps.
+
+Async scheduling (vLLM's default): the scheduler decides step N+1 while step N runs,
+so a request that arrives during step N first runs in step N+2. The instance models it
+by hiding, from a step planned the moment the previous one ended, the requests that
+arrived after that previous step began — unless nothing is running (vLLM's engine,
+idle, schedules a newcomer at once).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Instance:
         self.plan_version = 0  # bumped when a plan is made or cut short
         self.kv_total = np.array([s.kv.num_blocks for s in schedulers], dtype=np.int64)
         self.kv_bytes_per_block = 0.0  # per GPU; set by the engine from its placement
+        self.last_step = (-1.0, -1.0)  # (start, end) of the latest committed step
 
     def has_work(self) -> bool:
         return any(s.has_work() for s in self.schedulers)
@@ -78,8 +85,10 @@ class Instance:
         """Plan the next step(s) starting at `now`; None if there is nothing to do."""
         if not self.has_work():
             return None
+        visible = self._visible_until(now)
         for s in self.schedulers:
             s.now = now
+            s.visible_until = visible
             s.kv.set_time(now)
         plan = None
         if self._can_fast_forward() and horizon - now > MIN_RUN_STEPS * self.last_step_s:
@@ -90,6 +99,14 @@ class Instance:
             if self.events.wants(StepStarted):
                 self._emit_started(plan)
         return plan
+
+    def _visible_until(self, now: float) -> float:
+        """Arrivals a step planned at `now` sees (see the module docstring)."""
+        start, end = self.last_step
+        if not self.config.async_scheduling or end != now or \
+                not any(s.running for s in self.schedulers):
+            return now
+        return start
 
     def _emit_started(self, plan: Plan) -> None:
         if plan.run is not None:
@@ -136,6 +153,8 @@ class Instance:
     # ---------------------------------------------------------------- commit
     def commit(self, plan: Plan) -> list:
         """Apply a plan at its end time; returns the requests it finished."""
+        last_start = plan.run.start[-1] if plan.run is not None else plan.start
+        self.last_step = (float(last_start), plan.end)
         if plan.run is not None:
             first, steps = plan.run.committed, plan.run.steps
             pairs = plan.run.play(steps, steps)

@@ -24,12 +24,14 @@ TP slice; DCP reuses the TP GPUs.
 Linear-attention layers keep a fixed state per sequence, split by heads under TP.
 
 **Temporary KV** (per request, during a layer): PCPxDCP all-gathers the full KV of the
-layer being computed for its queries; KVPP broadcasts the owner's layer to the others;
+layer being computed for its queries — the chunk's new KV over the PCP ranks and the
+cached prefix's DCP shards over the DCP group, so its cost grows with the context; KVPP broadcasts the owner's layer to the others;
 DCP on MLA gathers a prefill's prefix latents.
 
 **Communication per step** (per layer): TP all-reduces after attention and MLP; EP
 all-to-all (dispatch, combine) per MoE layer; DCP all-gathers queries and
-reduce-scatters partial outputs with their log-sum-exp; PCP all-gathers new KV; KVPP
+reduce-scatters partial outputs with their log-sum-exp; PCP all-gathers new KV (and,
+with DCP, each prefill layer gathers the prefix's shards: `gathers_shards_for_prefill`); KVPP
 broadcasts a layer's KV; PP sends activations between stages. DCP alone on an MLA
 model also all-gathers a prefill chunk's cached prefix (see
 `gathers_prefix_for_prefill`), so its cost grows with the context. Message sizes follow
@@ -68,9 +70,12 @@ class Placement:
     kv_dtype: str = "bf16"
     dcp_interleave: int = 1
     include_mtp: bool = False
+    redundant_experts: int = 0  # EPLB replicas per MoE layer, spread over the EP ranks
 
     def __post_init__(self) -> None:
         check_layout(self.model, self.layout)
+        if self.redundant_experts:
+            check_redundant_experts(self.model, self.layout, self.redundant_experts)
 
     # ------------------------------------------------------------ structure
     @property
@@ -146,7 +151,7 @@ class Placement:
             attn = q_o + kv
         if not m.is_moe_layer(layer):
             return attn + 3 * h * m.intermediate_size / tp
-        routed = m.num_experts * m.expert_params() / self.expert_group
+        routed = (m.num_experts + self.redundant_experts) * m.expert_params() / self.expert_group
         shared = m.num_shared_experts * m.expert_params() / tp
         return attn + routed + shared + h * m.num_experts
 
@@ -226,6 +231,12 @@ class Placement:
         m, lay = self.model, self.layout
         return lay.dcp > 1 and lay.pcp == 1 and m.is_mla and not m.has_indexer
 
+    def gathers_shards_for_prefill(self) -> bool:
+        """PCPxDCP: a rank keeps 1/dcp of every request's KV, but its prefill queries
+        attend the whole context, so each layer all-gathers the cached prefix's shards
+        over the DCP group into a temporary full copy (freed after the layer)."""
+        return self.layout.pcp > 1 and self.layout.dcp > 1
+
     def comm_per_layer(self, tokens: int, new_kv_tokens: int = 0,
                        kv_tokens_read: int = 0, prefill_prefix_tokens: int = 0,
                        sharded_query_tokens=None) -> dict[str, tuple[str, float, int]]:
@@ -255,7 +266,8 @@ class Placement:
                 out["dcp_merge"] = ("reduce_scatter", partial, lay.dcp)
             else:  # PCP ranks already hold every head: merge, everyone keeps the result
                 out["dcp_merge"] = ("all_reduce", partial, lay.dcp)
-        if self.gathers_prefix_for_prefill() and np.any(prefill_prefix_tokens):
+        if (self.gathers_prefix_for_prefill() or self.gathers_shards_for_prefill()) \
+                and np.any(prefill_prefix_tokens):
             per_layer = self.kv_bytes_per_token_per_layer_per_gpu()
             out["dcp_gather_prefix"] = ("all_gather", prefill_prefix_tokens * per_layer, lay.dcp)
         if lay.pcp > 1 and np.any(new_kv_tokens):
@@ -290,6 +302,17 @@ class Placement:
             "persistent_kv_bytes_per_gpu": self.persistent_kv_bytes_per_gpu(context),
             "temporary_kv_bytes_per_gpu": self.temporary_kv_bytes_per_gpu(context),
         }
+
+
+def check_redundant_experts(model: ModelSpec, layout: Layout, redundant: int) -> None:
+    """EPLB's replicas need experts spread by EP, in equal slots per rank."""
+    if not model.is_moe or layout.ep == 1:
+        raise ConfigError(f"EPLB (num_redundant_experts={redundant}) needs a MoE model with "
+                          f"expert parallelism; {model.name} under {layout.text!r} has none")
+    if (model.num_experts + redundant) % layout.ep:
+        raise ConfigError(
+            f"num_redundant_experts={redundant}: {model.name}'s {model.num_experts} experts "
+            f"plus the redundant ones must split evenly over ep{layout.ep} ranks")
 
 
 def check_layout(model: ModelSpec, layout: Layout) -> None:

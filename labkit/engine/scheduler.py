@@ -131,6 +131,9 @@ class Scheduler:
         self.hold_kv_on_finish = False  # keep a finished request's blocks (P/D prefill)
         # the last step that admitted prefills left some waiting: don't throttle
         self.prefill_capacity_bound = False
+        # async scheduling: requests that arrived after this time are not yet visible
+        # (the instance sets it before each step, as it sets `now`)
+        self.visible_until = float("inf")
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -227,6 +230,8 @@ class Scheduler:
         threshold = cfg.long_prefill_token_threshold
         while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
+            if req.arrival_s > self.visible_until:
+                break  # arrived after this step was scheduled (async scheduling)
             adopted = req.request_id in self.kv.tables  # forked from a running parent
             match = NO_MATCH if adopted else self._cached_prefix(req)
             cached = req.num_computed_tokens if adopted else match.num_tokens

@@ -19,6 +19,8 @@ ROUTER_POLICIES = ("round_robin", "least_loaded", "least_kv", "least_running_tok
                    "session_sticky", "prefix_aware")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE", "NONE")
+MOE_ROUTINGS = ("balanced", "power_law_1.01", "power_law_1.2")
 
 # Mean accepted tokens per verify step per draft token, used when only
 # num_speculative_tokens is given (AgentX runs: 3 drafts, 2.99 accepted per step).
@@ -85,11 +87,35 @@ class EngineConfig:
         "both", "hybrid models: when to snapshot linear-attention state for prefix reuse "
         "(interval: end of every call; selective: a prefix seen a second time)",
         ("both", "interval", "selective", "none"))
+    # ---- step overheads and MoE routing (engine/sim/overheads.py, costmodel/routing.py)
+    cudagraph_mode: str = knob(
+        "FULL_AND_PIECEWISE", "CUDA graphs (vLLM compilation_config.cudagraph_mode): FULL "
+        "graphs for uniform decode batches, PIECEWISE for the rest, eager beyond the "
+        "capture sizes", CUDAGRAPH_MODES)
+    cudagraph_capture_sizes: str | None = knob(
+        None, "token counts with a captured graph, comma-separated, e.g. 1,2,4,8 (default: "
+        "vLLM's 1, 2, 4, 8, 16, ... up to max_cudagraph_capture_size)")
+    max_cudagraph_capture_size: int | None = knob(
+        None, "largest captured batch in tokens (default: min(2 * max_num_seqs * (1 + "
+        "drafts), 512, max_num_batched_tokens))")
+    async_scheduling: bool = knob(
+        True, "schedule step N+1 while step N runs: CPU work overlaps the GPU, newly "
+        "arrived requests wait one more step")
+    moe_routing: str = knob(
+        "power_law_1.2", "how tokens pick MoE experts (the calibration data's distributions):"
+        " skewed routing makes expert-parallel steps wait for the busiest rank", MOE_ROUTINGS)
+    enable_eplb: bool = knob(False, "expert-parallel load balancer: replicate hot experts")
+    num_redundant_experts: int = knob(
+        0, "EPLB: extra expert replicas per MoE layer, spread over the EP ranks")
+    # ----
     seed: int = knob(0, "seed of every random choice")
     sim_fast_forward: bool = knob(
         True, "simulate runs of steady decode steps in one go (same results, faster)")
 
     def __post_init__(self) -> None:
+        sizes = self.cudagraph_capture_sizes
+        if isinstance(sizes, (list, tuple)):  # Python callers may pass a list, as vLLM takes
+            self.cudagraph_capture_sizes = ",".join(str(s) for s in sizes)
         self.validate()
 
     # -------------------------------------------------------------- creation
@@ -139,6 +165,12 @@ class EngineConfig:
                 f"acceptance_length={self.acceptance_length} must be in [1, {1 + k}] "
                 f"with num_speculative_tokens={k}"
             )
+        self.capture_sizes()  # a malformed list fails here, naming the knob
+        _positive_or_none(self, "max_cudagraph_capture_size")
+        _at_least(self, 0, "num_redundant_experts")
+        if self.num_redundant_experts and not self.enable_eplb:
+            raise ConfigError(f"num_redundant_experts={self.num_redundant_experts} needs "
+                              "enable_eplb=True (redundant experts are EPLB's replicas)")
         if self.max_num_batched_tokens < 1 + k:
             raise ConfigError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} cannot hold one "
@@ -159,6 +191,20 @@ class EngineConfig:
             return Fraction(str(self.acceptance_length))
         per_draft = Fraction(str(DEFAULT_ACCEPT_PER_DRAFT))
         return 1 + self.num_speculative_tokens * per_draft
+
+    def capture_sizes(self) -> tuple[int, ...] | None:
+        """`cudagraph_capture_sizes` as integers (None: vLLM's default list)."""
+        text = self.cudagraph_capture_sizes
+        if text is None:
+            return None
+        try:
+            sizes = tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            sizes = ()
+        if not sizes or min(sizes) < 1:
+            raise ConfigError(f"cudagraph_capture_sizes={text!r} must be positive token "
+                              "counts separated by commas, e.g. 1,2,4,8")
+        return sizes
 
     def kv_dtype(self) -> str:
         return "bf16" if self.kv_cache_dtype == "auto" else self.kv_cache_dtype

@@ -47,6 +47,7 @@ class HardwareSpec:
 
 _IB_400G = 400e9 / 8  # one 400 Gb/s InfiniBand NIC per GPU
 _PCIE5_X16 = 64 * GB
+_PCIE4_X16 = 32 * GB
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     h.name: h
@@ -69,10 +70,27 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             internode_bandwidth=_IB_400G, pcie_bandwidth=_PCIE5_X16,
             source="NVIDIA HGX B200 datasheet",
         ),
+        # ---- GPUs of the measured end-to-end runs (labkit validate) -----------------
+        # A100 has no FP8 tensor cores: fp8 weights run as W8A16 GEMMs at the bf16 rate.
+        HardwareSpec(
+            "a100-80gb", flops_bf16=312 * TB, flops_fp8=312 * TB, hbm_bytes=80 * GB,
+            hbm_bandwidth=2.039 * TB, nvlink_bandwidth=600 * GB / 2,
+            internode_bandwidth=200e9 / 8, pcie_bandwidth=_PCIE4_X16,
+            source="NVIDIA A100 80GB SXM datasheet",
+        ),
+        # L40S: GDDR6, no NVLink — TP collectives cross PCIe Gen4 (host bridge); PCIe
+        # servers carry about one 200 Gb/s NIC per GPU.
+        HardwareSpec(
+            "l40s", flops_bf16=362.05 * TB, flops_fp8=733 * TB, hbm_bytes=48 * GB,
+            hbm_bandwidth=864 * GB, nvlink_bandwidth=_PCIE4_X16,
+            internode_bandwidth=200e9 / 8, pcie_bandwidth=_PCIE4_X16,
+            source="NVIDIA L40S datasheet (PCIe Gen4 x16, no NVLink)",
+        ),
     ]
 }
 
-HARDWARE_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "b200-hgx": "b200"}
+HARDWARE_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "b200-hgx": "b200",
+                    "a100": "a100-80gb", "a100-80gb-sxm": "a100-80gb"}
 
 
 def get_hardware(hardware: str | HardwareSpec) -> HardwareSpec:

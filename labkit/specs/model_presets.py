@@ -12,6 +12,7 @@ sizes a laptop CPU runs in milliseconds.
 from __future__ import annotations
 
 from labkit.errors import unknown_choice
+from labkit.specs.measured_presets import MEASURED_MODELS
 from labkit.specs.models import ModelSpec
 
 _DEEPSEEK_MLA = dict(
@@ -137,6 +138,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ),
     ]
 }
+
+# ---- models of the measured end-to-end runs (labkit validate); see measured_presets.py
+MODEL_PRESETS.update({m.name: m for m in MEASURED_MODELS})
 
 # Short names people type.
 MODEL_ALIASES = {"gpt-oss": "gpt-oss-120b", "kimi-linear": "kimi-linear-48b-a3b",

@@ -34,7 +34,7 @@ CASES = {
     "sparse_attention": (lambda cm, *a: cm.sparse_attention(*a),
                          [ints(1, 256), ints(1, 8), ints(256, 4096), ints(8, 129)]),
     "indexer": (lambda cm, *a: cm.indexer(*a), [ints(1, 64), ints(1, 4096), ints(0, 200000)]),
-    "moe": (lambda cm, *a: cm.moe(*a, dtype="fp8", distribution="power_law"),
+    "moe": (lambda cm, *a: cm.moe(*a, dtype="fp8_block", distribution="power_law"),
             [ints(1, 20000), ints(1024, 8192), ints(256, 4096), ints(1, 9), ints(8, 512),
              2.0 ** rng.integers(0, 4, N), 2.0 ** rng.integers(0, 3, N)]),
     "collective": (lambda cm, *a: cm.collective("all_to_all", *a),

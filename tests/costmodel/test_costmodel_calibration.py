@@ -19,8 +19,9 @@ BOUNDS = {
     "gemm bf16": (10, 34), "gemm fp8": (16, 45), "gemm fp8_block": (15, 42),
     "attention decode": (13, 34), "attention prefill": (14, 40),
     "mla decode module": (9, 23), "mla prefill module": (10, 20),
-    "moe bf16 balanced": (9, 44), "moe bf16 power_law": (13, 49),
-    "moe fp8 balanced": (10, 36), "moe fp8 power_law": (15, 43),
+    "moe bf16 balanced": (9, 44), "moe bf16 power_law": (12, 42),
+    "moe fp8_block balanced": (10, 36), "moe fp8_block power_law": (13, 38),
+    "moe fp8 balanced": (19, 65), "moe fp8 power_law": (21, 52),
     "nccl all_reduce": (9, 23), "nccl all_gather": (9, 20), "nccl reduce_scatter": (10, 29),
     "nccl all_to_all": (12, 53),
 }

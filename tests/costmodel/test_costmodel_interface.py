@@ -34,7 +34,7 @@ def test_custom_spec_needs_an_sm_count():
     (lambda cm: cm.collective("broadcast", 1, 8), "collective"),
     (lambda cm: cm.p2p(1, link="ethernet"), "link"),
     (lambda cm: cm.host_transfer(1, direction="d2d"), "direction"),
-    (lambda cm: CostModel("a100"), "hardware preset"),
+    (lambda cm: CostModel("v100"), "hardware preset"),
 ])
 def test_bad_choices_name_the_problem(call, match):
     with pytest.raises(ConfigError, match=match):

@@ -32,7 +32,7 @@ def test_time_grows_with_work(cm):
         cm.mla_prefill_module(1, sizes, 0, 128),
         cm.sparse_attention(sizes, 1, 2048, 128),
         cm.indexer(1, 1, sizes),
-        cm.moe(sizes, 7168, 2048, 8, 256, ep_size=8, dtype="fp8"),
+        cm.moe(sizes, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block"),
         cm.collective("all_reduce", sizes * 1e3, 8),
         cm.p2p(sizes * 1e3), cm.host_transfer(sizes * 1e3),
     ]
@@ -52,6 +52,8 @@ def test_large_gemm_approaches_but_never_exceeds_peak(cm, dtype):
 
 
 def test_fp8_gemm_faster_than_bf16_at_large_shapes(cm):
+    if cm.hardware.flops_fp8 <= cm.hardware.flops_bf16:
+        pytest.skip(f"{cm.hardware.name} has no FP8 tensor cores (fp8 runs at the bf16 rate)")
     for m in (4096, 16384):
         bf16 = cm.gemm(m, 8192, 8192, "bf16")
         assert cm.gemm(m, 8192, 8192, "fp8") < bf16
@@ -85,8 +87,8 @@ def test_b200_faster_than_h200():
         (h200.attention_prefill(1, 8192, 0, 32, 8, 128),
          b200.attention_prefill(1, 8192, 0, 32, 8, 128)),
         (h200.mla_decode_module(64, 32768, 16), b200.mla_decode_module(64, 32768, 16)),
-        (h200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8"),
-         b200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8")),
+        (h200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block"),
+         b200.moe(4096, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block")),
         (h200.collective("all_reduce", 64e6, 8), b200.collective("all_reduce", 64e6, 8)),
     ]
     for i, (slow, fast) in enumerate(pairs):
@@ -101,6 +103,9 @@ def test_all_reduce_is_about_twice_reduce_scatter_at_large_messages(cm):
 
 
 def test_inter_node_slower_than_intra_node(cm):
+    if cm.hardware.nvlink_bandwidth <= cm.hardware.pcie_bandwidth:
+        pytest.skip(f"{cm.hardware.name} has no NVLink: its GPUs talk over PCIe inside a "
+                    "node too, barely faster than the NIC")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         for nbytes in (1e4, 1e6, 1e8):
             assert cm.collective(op, nbytes, 16) > cm.collective(op, nbytes, 8)
@@ -139,14 +144,13 @@ def test_indexer_is_quadratic_in_a_full_prefill(cm):
 
 
 def test_moe_expert_parallel_cuts_time_but_not_linearly(cm):
-    t = [cm.moe(8192, 7168, 2048, 8, 256, ep_size=ep, dtype="fp8") for ep in (1, 8, 64)]
+    t = [cm.moe(8192, 7168, 2048, 8, 256, ep_size=ep, dtype="fp8_block") for ep in (1, 8, 64)]
     assert t[0] > t[1] > t[2]
     assert t[1] > t[0] / 8  # the fused kernel still walks every routed row
     # skewed routing: the busiest rank is slower than a balanced one under EP
-    assert cm.moe(8192, 7168, 2048, 8, 256, ep_size=8, dtype="fp8",
+    assert cm.moe(8192, 7168, 2048, 8, 256, ep_size=8, dtype="fp8_block",
                   distribution="power_law") > t[1]
 
 
-def test_step_overhead_is_exposed(cm):
-    assert 1e-4 <= cm.step_overhead_s <= 5e-3
+def test_hardware_is_exposed(cm):
     assert cm.hardware.name in PRESETS

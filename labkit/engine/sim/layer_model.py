@@ -16,13 +16,21 @@ of that rank does, pricing every kernel with the calibrated `CostModel` ops:
 - **collectives**: whatever `Placement` says the layer communicates (TP all-reduce,
   EP all-to-all, DCP query gather and partial-output merge, PCP KV gather, KVPP
   broadcast), priced by the collective model;
-- the LM head, the MTP draft passes when speculating, and a per-step overhead.
+- the LM head, the MTP draft passes when speculating;
+- what the step costs beyond its kernels (`overheads.py`): CUDA-graph dispatch — the
+  GEMMs see the batch padded up to its capture size — the CPU's scheduling, input
+  preparation, launches and sampling, overlapped with the GPU under async scheduling,
+  and the DP ranks' per-step coordination.
+
+MoE layers under expert parallelism wait for their busiest rank: its share of the
+routed rows comes from the routing distribution (`costmodel/routing.py`, the knob
+`moe_routing`), EPLB's replicas included when `enable_eplb` is on.
 
 Pipeline parallelism: a GPU computes one stage. Steps whose batch only continues
 prefills pipeline back to back (a stage's time each); a step that decodes needs the
 previous step's sampled token, so it pays the whole pipeline (pp stages) plus the
 activation hand-offs. Lockstep DP ranks (DEP) last as long as the slowest; an idle
-rank runs a one-token dummy batch.
+rank runs a dummy batch (padded, with CUDA graphs, to the largest batch of the step).
 
 Nothing here knows which layout "should" win: DCP's growing per-step cost, DEP's
 stalls or PP's bubbles come out of these sums.
@@ -32,14 +40,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
+from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.specs.config import EngineConfig
 
 STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and writes
 
 
 class LayerStepModel:
-    def __init__(self, placement: Placement, ops, num_speculative_tokens: int = 0) -> None:
+    def __init__(self, placement: Placement, ops, num_speculative_tokens: int = 0, *,
+                 overheads: StepOverheads | None = None, moe_routing: str = "balanced",
+                 seed: int = 0) -> None:
+        """`overheads` None: kernels only (a bare forward pass)."""
         self.placement = placement
         self.ops = ops
         self.model = m = placement.model
@@ -48,7 +62,7 @@ class LayerStepModel:
         self.width = 1 + num_speculative_tokens
         # fp8 checkpoints (DeepSeek, Kimi) run block-scaled fp8 GEMMs (DeepGEMM)
         self.wdtype = "fp8_block" if m.weight_dtype == "fp8" else "bf16"
-        self.moe_dtype = "fp8" if m.weight_dtype == "fp8" else "bf16"
+        self.moe_dtype = "fp8_block" if m.weight_dtype == "fp8" else "bf16"
         self.kv_dtype = placement.kv_dtype
         pp = lay.pp
         # layers of each kind on one pipeline stage (average stage)
@@ -58,15 +72,39 @@ class LayerStepModel:
         self.moe_layers = m.num_moe_layers / pp
         self.dense_layers = m.num_dense_mlp_layers / pp
         self.heads = m.num_heads / lay.tp  # query heads a TP rank owns
+        self.overheads = overheads
+        self.moe_routing = moe_routing
+        # the busiest EP rank's load factor against routed tokens (None: always 1)
+        self.moe_curve = factor_curve(m.num_experts, m.num_experts_per_tok, lay.ep, moe_routing,
+                                      placement.redundant_experts, max(m.num_moe_layers, 1),
+                                      seed, sampled=True) if m.is_moe else None
+
+    @classmethod
+    def from_config(cls, placement: Placement, ops, config: EngineConfig,
+                    params: OverheadParams = FITTED) -> LayerStepModel:
+        """The step model an engine with these knobs runs: vLLM's graph dispatch, CPU
+        overheads (priced with `params`, by default the fitted ones) and MoE routing."""
+        lay = placement.layout
+        q = config.tokens_per_decode_step
+        sizes = capture_sizes(config.max_num_seqs, config.max_num_batched_tokens, q,
+                              config.capture_sizes(), config.max_cudagraph_capture_size)
+        layers = (placement.model.num_layers + placement.model.num_mtp_modules
+                  * (config.num_speculative_tokens > 0)) / lay.pp
+        overheads = StepOverheads(params, mode=config.cudagraph_mode, sizes=sizes,
+                                  decode_query_len=q, max_num_seqs=config.max_num_seqs,
+                                  async_scheduling=config.async_scheduling, layers=layers)
+        return cls(placement, ops, config.num_speculative_tokens, overheads=overheads,
+                   moe_routing=config.moe_routing, seed=config.seed)
 
     @property
     def min_step_s(self) -> float:
-        return float(self.ops.step_overhead_s)
+        return self.overheads.min_step_s if self.overheads is not None else 1e-6
 
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
-        stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0)
+        mode, padded = self._graphs(work, lockstep)
+        stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0, padded)
         t_dec = np.where(work.idle & lockstep, 1, work.decode_tokens)
         extra = self._lm_head(work.num_prefill_reqs + t_dec) + self._drafts(work.num_decode_reqs)
         if pp == 1:
@@ -78,7 +116,8 @@ class LayerStepModel:
             # at most pp), taking (M + pp - 1) micro-batch stage times, bubbles included.
             pipelined = work.num_decode_reqs.sum(axis=1, keepdims=True) == 0
             micro = np.clip(work.num_reqs, 1, pp)
-            mb_compute, mb_comm, mb_tokens = self._stage(work, lockstep, micro)
+            mb_padded = None if padded is None else padded / micro
+            mb_compute, mb_comm, mb_tokens = self._stage(work, lockstep, micro, mb_padded)
             slots = micro + pp - 1
             hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(tokens), "nvlink")
             mb_hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(mb_tokens), "nvlink")
@@ -88,14 +127,25 @@ class LayerStepModel:
         shape = work.prefill_tokens.shape
         compute = np.broadcast_to(compute, shape).astype(float)
         comm = np.broadcast_to(comm, shape).astype(float)
-        busy = compute + comm + self.ops.step_overhead_s
+        busy = compute + comm
+        if self.overheads is not None:
+            o = self.overheads
+            dp = work.prefill_tokens.shape[1] if lockstep else 1
+            cpu = o.cpu_s(work.num_reqs, work.tokens, dp)
+            busy = o.step_s(busy, cpu, o.launch_s(mode))
         duration = busy.max(axis=1)
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
                           temporary_kv_bytes=self._temporary_kv(work))
 
-    def _stage(self, work: StepWork, lockstep: bool, split):
+    def _graphs(self, work: StepWork, lockstep: bool):
+        if self.overheads is None:
+            return None, None
+        return self.overheads.graphs(work, lockstep, self.layout.pcp, self.width)
+
+    def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
-        the step's work (a micro-batch); also the tokens through one GPU."""
+        the step's work (a micro-batch); also the tokens through one GPU. `padded`:
+        the tokens a CUDA graph runs through the GEMMs, padding included."""
         lay = self.layout
         if not np.all(np.asarray(split) == 1):
             work = _share(work, split)
@@ -106,6 +156,8 @@ class LayerStepModel:
         # tokens the MoE kernel of one GPU sees routed: an EP group spans the replica
         # (or, in lockstep, every DP rank); sliced experts see this GPU's tokens
         replica = t_pre + t_dec
+        if padded is not None:  # the graph's padding rows run through every GEMM
+            tokens, replica = padded, padded * lay.pcp
         if lay.ep == 1:
             group = tokens
         else:
@@ -259,9 +311,13 @@ class LayerStepModel:
         dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
         if not m.is_moe:
             return (dense, 0.0), (dense_comm, 0.0)
-        # the kernel sees every token the expert group routes (num_tokens across EP)
+        # the kernel sees every token the expert group routes (num_tokens across EP);
+        # under EP every rank waits for the busiest (the routing distribution's share)
+        factor = 1.0 if self.moe_curve is None else \
+            np.interp(np.log2(np.maximum(group, 1.0)), *self.moe_curve)
         moe = ops.moe(group, h, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
-                      ep_size=lay.ep, tp_size=1 if lay.ep > 1 else tp, dtype=self.moe_dtype)
+                      ep_size=lay.ep, tp_size=1 if lay.ep > 1 else tp, dtype=self.moe_dtype,
+                      distribution=self.moe_routing, load_factor=factor)
         shared = m.num_shared_experts * m.moe_intermediate_size / tp
         if shared:
             moe = moe + ops.gemm(tokens, 2 * shared, h, w) + ops.gemm(tokens, h, shared, w)
@@ -304,7 +360,8 @@ class LayerStepModel:
         if m.is_moe:
             layer = layer + self.ops.moe(rows, m.hidden_size, m.moe_intermediate_size,
                                          m.num_experts_per_tok, m.num_experts,
-                                         dtype=self.moe_dtype)
+                                         dtype=self.moe_dtype, distribution=self.moe_routing,
+                                         load_factor=1.0)
         per_draft = layer + self._lm_head(rows)
         return np.where(decode_reqs > 0, self.drafts * per_draft, 0.0)
 

@@ -2,18 +2,20 @@
 
 The engine costs its steps through `LayerStepModel.step_timing` on a `StepWork`; this
 function builds that same `StepWork` from a list of {"new_tokens", "context"} entries,
-so a notebook question ("how long is one step of this batch under pcp8xdcp8?") and the
+and the step model from the same knobs (`**knobs`: any engine knob, e.g.
+`async_scheduling=False`, `cudagraph_mode="NONE"`, `enable_eplb=True`), so a notebook
+question ("how long is one step of this batch under pcp8xdcp8?") and the
 engine's simulation can never disagree.
 """
 
 from __future__ import annotations
 
-from labkit.engine.layouts import Placement
+from labkit.engine.capacity import placement_for
 from labkit.engine.scheduler import RankBatch
 from labkit.engine.sim.layer_model import LayerStepModel
 from labkit.engine.sim.work import StepWork
 from labkit.errors import ConfigError
-from labkit.specs import Layout, get_model
+from labkit.specs import EngineConfig, Layout, get_model
 
 
 class _Entry:
@@ -26,10 +28,13 @@ class _Entry:
 
 
 def step_time(cm, model, layout, batch, *, kv_dtype="bf16", num_speculative_tokens=0,
-              dcp_kv_cache_interleave_size=1, lockstep=None) -> dict:
+              dcp_kv_cache_interleave_size=1, lockstep=None, **knobs) -> dict:
     model, layout = get_model(model), Layout.parse(layout)
-    placement = Placement(model, layout, kv_dtype, dcp_kv_cache_interleave_size,
-                          include_mtp=num_speculative_tokens > 0)
+    config = EngineConfig.from_knobs(kv_cache_dtype=kv_dtype,
+                                     num_speculative_tokens=num_speculative_tokens,
+                                     dcp_kv_cache_interleave_size=dcp_kv_cache_interleave_size,
+                                     **knobs)
+    placement = placement_for(model, layout, config)
     per_rank = batch if batch and isinstance(batch[0], (list, tuple)) else [batch]
     if len(per_rank) > layout.num_dp_ranks:
         raise ConfigError(f"{len(per_rank)} rank batches for layout {layout.text!r} with "
@@ -46,7 +51,7 @@ def step_time(cm, model, layout, batch, *, kv_dtype="bf16", num_speculative_toke
             rb.add(_Entry(ctx), n, bool(decode))
         batches.append(rb)
     lockstep = layout.lockstep if lockstep is None else lockstep
-    timing = LayerStepModel(placement, cm, num_speculative_tokens).step_timing(
+    timing = LayerStepModel.from_config(placement, cm, config).step_timing(
         StepWork.from_batches(batches), lockstep)
     busy, compute, comm = timing.busy[0], timing.compute[0], timing.comm[0]
     slowest = int(busy.argmax())

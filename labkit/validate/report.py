@@ -1,0 +1,116 @@
+"""`validate`: replay every measured run and compare, per run and as median APE.
+
+Each replayable run (`runs.load_runs`) is simulated (`simulate.simulate_run`) and its
+metrics compared with the measured ones as absolute percentage error,
+|simulated / measured - 1| · 100. The medians over runs are reported separately for the
+*fitted* part (the runs the step-overhead constants were fitted on) and the
+*held-out* part (never seen by any fit): the held-out numbers are the honest ones.
+
+    result = validate("../shared/data")
+    result.experiments      # one row per run: measured_*, simulated_*, ape_* columns
+    result.median_ape       # {metric: median APE %} over the fitted runs
+    result.median_ape_holdout
+    result.to_json()        # {"experiments": [...], "median_ape": ..., "median_ape_holdout": ...}
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from labkit.validate.runs import METRICS, load_runs
+from labkit.validate.simulate import simulate_run
+
+DEFAULT_SCALE = 0.1  # replayed seconds per measured second (see workload.py)
+GOAL_APE = 15.0  # the issue's goal on the held-out part: E2E mean, TTFT mean, TPOT
+GOAL_METRICS = ("e2e_mean", "ttft_mean", "tpot")
+
+
+@dataclass
+class ValidationResult:
+    experiments: pd.DataFrame
+    skipped: pd.DataFrame
+    duration_scale: float
+    wall_s: float = 0.0
+    median_ape: dict = field(init=False)
+    median_ape_holdout: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.median_ape = median_ape(self.experiments, "fitted")
+        self.median_ape_holdout = median_ape(self.experiments, "held_out")
+
+    def to_json(self) -> dict:
+        """JSON-ready: NaN (a metric a run was not measured on) becomes null."""
+        return _clean({
+            "experiments": self.experiments.to_dict(orient="records"),
+            "median_ape": self.median_ape,
+            "median_ape_holdout": self.median_ape_holdout,
+            "goal": {"metrics": list(GOAL_METRICS), "median_ape_below": GOAL_APE,
+                     "met_on_holdout": all(self.median_ape_holdout.get(m, math.inf) <= GOAL_APE
+                                           for m in GOAL_METRICS)},
+            "skipped": self.skipped.to_dict(orient="records"),
+            "settings": {"duration_scale": self.duration_scale, "wall_s": self.wall_s},
+        })
+
+    def table(self) -> pd.DataFrame:
+        """Median APE per metric (rows), fitted and held-out (columns), in percent."""
+        return pd.DataFrame({"fitted": self.median_ape, "held_out": self.median_ape_holdout})
+
+
+def median_ape(experiments: pd.DataFrame, part: str) -> dict:
+    rows = experiments[experiments["part"] == part]
+    out = {}
+    for m in METRICS:
+        values = rows[f"ape_{m}"].dropna() if len(rows) else pd.Series(dtype=float)
+        out[m] = float(values.median()) if len(values) else float("nan")
+    out["runs"] = int(len(rows))
+    return out
+
+
+def validate(data_dir, duration_scale: float = DEFAULT_SCALE, run_ids=None,
+             progress: bool = True) -> ValidationResult:
+    """Replay the replayable runs of `data_dir` (all, or those in `run_ids`)."""
+    runs = load_runs(data_dir)
+    skipped = runs[runs["skip"].notna()][["id", "source", "hf_model", "workload", "skip"]]
+    todo = runs[runs["skip"].isna()]
+    if run_ids is not None:
+        unknown = sorted(set(run_ids) - set(todo["id"]))
+        if unknown:
+            raise KeyError(f"no replayable measured run {unknown[0]!r}; replayable: "
+                           f"{', '.join(todo['id'])}")
+        todo = todo[todo["id"].isin(run_ids)]
+    start = time.perf_counter()
+    rows = []
+    for _, run in tqdm(list(todo.iterrows()), desc="validate", disable=not progress):
+        rows.append(_compare(run, simulate_run(run, duration_scale)))
+    return ValidationResult(pd.DataFrame(rows), skipped.reset_index(drop=True),
+                            duration_scale, time.perf_counter() - start)
+
+
+def _compare(run, simulated: dict) -> dict:
+    row = {k: run[k] for k in ("id", "source", "part", "model", "hardware", "layout",
+                               "workload")}
+    for m in METRICS:
+        measured, sim = float(run[m]), float(simulated[m])
+        row[f"measured_{m}"] = measured
+        row[f"simulated_{m}"] = sim
+        row[f"ape_{m}"] = abs(sim / measured - 1.0) * 100.0 if measured > 0 else float("nan")
+    row["requests"] = simulated["requests"]
+    return row
+
+
+def _clean(value):
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(float(value)) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value

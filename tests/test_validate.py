@@ -1,0 +1,123 @@
+"""`labkit validate`: the measured runs, their split, the replayed workload, the report's
+JSON and the fit's view of the data (held-out runs never reach it). Needs ../shared/data
+(skipped without it)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from support import SHARED_DATA
+
+E2E = SHARED_DATA / "e2e" / "blis_h100_vllm"
+pytestmark = pytest.mark.skipif(not E2E.is_dir(), reason=f"measured runs not found at {E2E}")
+
+FITTED_RUN = "20260217-155451-llama-2-7b-tp1-codegen"
+HELD_OUT_RUN = "16-llama-3-1-8b-tp1-general-1"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    from labkit.validate.runs import load_runs
+
+    return load_runs(SHARED_DATA)
+
+
+def test_split_follows_provenance(runs):
+    ok = runs[runs["skip"].isna()]
+    assert set(ok.loc[ok["source"] == "default_args", "part"]) == {"fitted"}
+    assert set(ok.loc[ok["source"] == "s2r", "part"]) == {"held_out"}
+    assert (ok["part"] == "fitted").sum() == 12  # 16 runs, the 4 reasoning ones overloaded
+    assert (ok["part"] == "held_out").sum() >= 20
+    assert ok["id"].is_unique
+    # no held-out run repeats a fitted one (the CSV's duplicates are skipped)
+    skipped = runs[runs["skip"].notna()]
+    assert skipped["skip"].str.contains("duplicate").sum() >= 7
+    assert skipped["skip"].str.contains("lite").any()
+
+
+def test_measured_tpot_is_the_readme_derived_nominal_one(runs):
+    """TPOT = (E2E mean - TTFT mean) / (nominal output - 1): the CSV's own column."""
+    csv = pd.read_csv(E2E / "default_args_stage_metrics.csv")
+    csv = csv[csv["stage"] == "summary"].set_index("experiment")
+    for _, run in runs[runs["source"] == "default_args"].iterrows():
+        assert run["tpot"] * 1e3 == pytest.approx(
+            csv.loc[run["id"], "derived_tpot_nominal_ms"], rel=1e-9)
+
+
+def test_workload_trace_is_shared_prefix_at_constant_rate():
+    from labkit.validate.workload import shared_prefix_trace
+
+    trace = shared_prefix_trace(((8.0, 600.0), (20.0, 600.0)), 575, 100, 248,
+                                duration_scale=0.1)
+    reqs = trace.requests
+    assert len(reqs) == 8 * 60 + 20 * 60
+    assert reqs[1].timestamp == pytest.approx(1 / 8)
+    assert reqs[480].timestamp == pytest.approx(60.0)  # the second stage starts at 60 s
+    assert reqs[481].timestamp - reqs[480].timestamp == pytest.approx(1 / 20)
+    full_system = 100 // 16
+    # prompts 0..9 share group 0's system-prompt blocks, prompt 10 starts group 1
+    assert np.array_equal(reqs[3].hash_ids[:full_system], reqs[7].hash_ids[:full_system])
+    assert not np.array_equal(reqs[3].hash_ids[:full_system], reqs[13].hash_ids[:full_system])
+    assert reqs[3].hash_ids[full_system] != reqs[7].hash_ids[full_system]
+    # 100 distinct prompts, cycled
+    assert np.array_equal(reqs[5].hash_ids, reqs[105].hash_ids)
+    assert all(r.input_length == 575 and r.output_length == 248 for r in reqs)
+
+
+def test_report_json_has_both_parts(tmp_path):
+    from labkit.cli import main
+
+    out = tmp_path / "v.json"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["validate", "--data", str(SHARED_DATA), "--json", "--duration-scale",
+                     "0.02", "--run", FITTED_RUN, "--run", HELD_OUT_RUN]) == 0
+    out.write_text(buf.getvalue())
+    doc = json.loads(out.read_text())
+    assert set(doc) >= {"experiments", "median_ape", "median_ape_holdout"}
+    metrics = {"ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "tpot", "throughput"}
+    assert set(doc["median_ape"]) >= metrics and set(doc["median_ape_holdout"]) >= metrics
+    by_id = {e["id"]: e for e in doc["experiments"]}
+    assert by_id[FITTED_RUN]["part"] == "fitted" and by_id[HELD_OUT_RUN]["part"] == "held_out"
+    for e in doc["experiments"]:
+        for m in ("ttft_mean", "e2e_mean", "tpot"):
+            sim, meas = e[f"simulated_{m}"], e[f"measured_{m}"]
+            assert e[f"ape_{m}"] == pytest.approx(abs(sim / meas - 1) * 100)
+    # one run per part: each median is that run's error
+    assert doc["median_ape"]["e2e_mean"] == pytest.approx(by_id[FITTED_RUN]["ape_e2e_mean"])
+    assert doc["median_ape_holdout"]["tpot"] == pytest.approx(by_id[HELD_OUT_RUN]["ape_tpot"])
+    assert doc["median_ape_holdout"]["throughput"] is None  # s2r publishes no throughput
+
+
+def test_unknown_run_is_refused(capsys):
+    from labkit.cli import main
+
+    assert main(["validate", "--data", str(SHARED_DATA), "--run", "no-such-run"]) == 2
+    assert "no-such-run" in capsys.readouterr().err
+
+
+def test_fit_never_sees_held_out_runs(monkeypatch):
+    """The fit replays the fitted part only; its answer comes from those runs."""
+    import labkit.validate.fit as fit_module
+
+    seen = []
+
+    def fake_simulate(run, scale, params, frontend_s):
+        seen.append(run["id"])
+        # a sim whose TPOT is off by exactly the gap it is given minus 0.4 ms
+        return {"tpot": run["tpot"] + params.step_gap_s - 4e-4,
+                "ttft_mean": run["ttft_mean"] - 5e-3}
+
+    monkeypatch.setattr(fit_module, "simulate_run", fake_simulate)
+    result = fit_module.fit(SHARED_DATA)
+    from labkit.validate.runs import load_runs
+
+    runs = load_runs(SHARED_DATA)
+    fitted = set(runs.loc[(runs["part"] == "fitted") & runs["skip"].isna(), "id"])
+    assert set(seen) == fitted
+    assert result["step_gap_s"] == pytest.approx(4e-4, abs=2e-5)
+    assert result["frontend_s"] == pytest.approx(5e-3)
