@@ -84,6 +84,9 @@ def test_moving_a_session_fetches_its_kv_and_holds_blocks_meanwhile():
     # the transfer delays the first token by at least bytes / NVLink bandwidth
     per_token = engine.placement.kv_bytes_per_token_per_gpu()
     floor = moved["fetched_tokens"] * per_token / engine.hardware.nvlink_bandwidth
+    served = moved["first_token_s"].notna()  # (calls still prefilling at the end have none)
+    assert served.sum() > 5
+    moved, floor = moved[served], floor[served]
     assert (moved["first_token_s"] - moved["first_scheduled_s"] >= floor).all()
     sticky = routed("session_sticky")[2].requests
     assert (sticky["fetched_tokens"] == 0).all()
