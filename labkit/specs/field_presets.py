@@ -20,6 +20,9 @@ computes:
   entry per kept token, one kept per 4 (CSA) or 128 (HCA) tokens per layer, with a
   DSA-like indexer; active parameters overcounted (~70 B against 49 B: its grouped
   low-rank output projection is priced as MLA's). See `hf_readers.read_deepseek_v4`.
+  Its weights are priced in fp8, as gpt-oss's: labkit has no fp4, and V4-Pro ships
+  its experts in FP4, so labkit's ~1.6 TB is about twice the real checkpoint, and with
+  the attention overcount it needs dep32 on H200 where the real model fits on fewer.
 """
 
 from __future__ import annotations
