@@ -29,7 +29,7 @@ LAYOUTS = {
     "deepseek-v3": ["tp1", "tp2", "dcp2", "pcp2xdcp2", "tp2xep2", "dep2", "pp2"],
     "deepseek-v3.2": ["tp1", "tp2", "dcp2", "pcp2xdcp2", "dep2", "pp2"],
     "kimi-linear": ["tp1", "tp2", "dcp2", "pcp2", "dep2", "pp2"],
-    "gpt-oss": ["tp1", "tp2", "pcp2", "tp2xep2", "dep2", "pp2"],
+    "gpt-oss": ["tp1", "tp2", "tp2xep2", "dep2", "pp2"],  # (windows: no DCP, no PCP)
 }
 CASES = [(f, lo) for f, layouts in LAYOUTS.items() for lo in layouts]
 MAX_TOKENS = 8

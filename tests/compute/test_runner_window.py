@@ -150,7 +150,7 @@ def test_single_device_matches_whole_sequence_recompute():
     assert sum(r.num_cached_tokens for r in eng.requests.values()) > 0
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "tp2xep2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "tp2xep2", "dep2"])
 def test_layout_matches_single_device(layout):
     base, eng = single_device(), scenario(layout)
     want, got = logits_by_row(base), logits_by_row(eng)
