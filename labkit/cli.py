@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_knob_flags(replay)
 
     cap = sub.add_parser("capacity", help="what a request costs under a layout, how many fit")
-    cap.add_argument("--model", required=True)
+    cap.add_argument("--model", required=True,
+                     help="a preset, or a Hugging Face config.json or model folder")
     cap.add_argument("--layout", required=True, help="a layout, or several separated by commas")
     cap.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
     cap.add_argument("--context", type=int, required=True, help="tokens of one request")

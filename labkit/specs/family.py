@@ -73,10 +73,6 @@ class FamilyConfig:
     swiglu_alpha: float = 1.702
     unsupported: tuple[str, ...] = ()  # config keys labkit cannot compute (the reason)
 
-    @property
-    def rope_theta(self) -> float | None:
-        return None if self.rope is None else self.rope.theta
-
 
 _DEEPSEEK_YARN = RopeSpec(10000.0, "yarn", factor=40.0, original_max_position_embeddings=4096,
                           mscale=1.0, mscale_all_dim=1.0)

@@ -49,6 +49,8 @@ _DEEPSEEK = dict(_COMMON, max_position_embeddings=4096, q_lora_rank=1536, n_grou
                  rope_interleave=True, moe_layer_freq=1, scoring_func="sigmoid")
 DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(_COMMON, max_position_embeddings=2048, mlp_bias=False),
+    "mistral": dict(_COMMON, max_position_embeddings=131072, mlp_bias=False,
+                    sliding_window=4096),
     "qwen3_moe": dict(_COMMON, max_position_embeddings=32768, norm_topk_prob=False,
                       decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False),
     "deepseek_v3": _DEEPSEEK,
@@ -110,12 +112,16 @@ class HFConfig:
         except ConfigError:
             return default
 
+    def _shown(self, key: str) -> str:
+        value = self.get(key)
+        return f"{key} = {value!r}" + ("" if key in self.raw else " (the default)")
+
     def refuse(self, key: str, why: str) -> None:
         """`key` changes the function in a way labkit does not compute."""
-        self.unsupported.append(f"{key} = {self.raw.get(key)!r} ({why})")
+        self.unsupported.append(f"{self._shown(key)} ({why})")
 
     def error(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {key} = {self.raw.get(key)!r}: {why}")
+        return ConfigError(f"{self.where}: {self._shown(key)}: {why}")
 
 
 def load_config(source) -> tuple[dict, str]:
