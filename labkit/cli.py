@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
     replay.add_argument("--trace", required=True)
     replay.add_argument("--format", choices=["auto", *FORMATS], default="auto")
-    replay.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_PRESETS)}")
+    replay.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
+                             "config.json or model folder")
     replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
     replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
     replay.add_argument("--backend", default="sim", choices=["sim", "compute"],
@@ -134,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                         help="compute backend: weights, activations and KV (default float32)")
     replay.add_argument("--checkpoint", help="compute backend: a local safetensors file or "
-                                             "folder instead of seeded random weights")
+                                             "folder (an HF checkpoint folder) instead of "
+                                             "seeded random weights")
     replay.add_argument("--cost-model", default="calibrated", choices=["calibrated", "roofline"],
                         help="step times: kernels fitted on measured H100 latencies "
                              "(default), or a first-order roofline")
@@ -173,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_knob_flags(replay)
 
     cap = sub.add_parser("capacity", help="what a request costs under a layout, how many fit")
-    cap.add_argument("--model", required=True)
+    cap.add_argument("--model", required=True,
+                     help="a preset, or a Hugging Face config.json or model folder")
     cap.add_argument("--layout", required=True, help="a layout, or several separated by commas")
     cap.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
     cap.add_argument("--context", type=int, required=True, help="tokens of one request")

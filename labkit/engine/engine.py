@@ -51,6 +51,7 @@ from labkit.engine.sim.work import StepWork
 from labkit.engine.transfer import RemoteFetch
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
+from labkit.tokenizer import load_tokenizer, no_tokenizer
 from labkit.specs.dtypes import dtype_bytes
 
 BACKENDS = ("sim", "compute")
@@ -74,6 +75,7 @@ class Engine:
         if backend == "sim" and compute_opts:
             raise ConfigError(f"{', '.join(compute_opts)} only apply to backend='compute'")
         self.model = get_model(model)
+        self.tokenizer = load_tokenizer(self.model)  # text prompts (an HF folder's)
         self.hardware = get_hardware(hardware)
         self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
         _check_offload_dir(self.config, backend)
@@ -293,9 +295,14 @@ class Engine:
 
     def submit_prompt(self, token_ids, max_output_tokens: int, request_id: str | None = None,
                       at: float | None = None, session_id: str | None = None) -> Request:
-        """Submit one call given by its token ids (its block keys are hashed from them,
-        so equal prefixes hit the prefix cache); the compute plane generates its
-        output. Returns the Request (its `output_token_ids` fill in as it runs)."""
+        """Submit one call given by its token ids, or by its text when the model's folder
+        has a tokenizer (`labkit.tokenizer`; its block keys are hashed from the ids, so
+        equal prefixes hit the prefix cache); the compute plane generates its output.
+        Returns the Request (its `output_token_ids` fill in as it runs)."""
+        if isinstance(token_ids, str):
+            if self.tokenizer is None:
+                raise no_tokenizer(self.model)
+            token_ids = self.tokenizer.encode(token_ids)
         token_ids = _check_prompt(token_ids, self.model.vocab_size)
         checks.integer("max_output_tokens", max_output_tokens, low=1)
         request_id = request_id or f"prompt-{len(self.requests)}"

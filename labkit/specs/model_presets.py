@@ -11,8 +11,14 @@ sizes a laptop CPU runs in milliseconds.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from labkit.errors import unknown_choice
 from labkit.specs.measured_presets import MEASURED_MODELS
+from labkit.specs.family import FAMILIES
+from labkit.specs.field_presets import FIELD_MODELS
+from labkit.specs.hf_config import from_hf_config, is_hf_path
 from labkit.specs.models import ModelSpec
 
 _DEEPSEEK_MLA = dict(
@@ -33,6 +39,10 @@ _KIMI_LINEAR_FULL = (3, 7, 11, 15, 19, 23, 26)
 # sliding layer. Its MoE weights ship in MXFP4 (4.25 bits); labkit has no fp4 kernels
 # and serves them as fp8, so weights take ~2x the published 61 GiB.
 _GPT_OSS_SLIDING = tuple(range(0, 36, 2))
+
+# The tiny DeepSeek variants have 8 experts: group-limited routing in 2 groups of 4, the
+# best one kept (DeepSeek-V3's 8 groups / top 4 need at least 2 experts a group).
+_TINY_DEEPSEEK = replace(FAMILIES["deepseek_v3"], n_group=2, topk_group=1)
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
@@ -110,6 +120,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             num_shared_experts=1, first_k_dense=1, num_mtp_modules=1,
             max_model_len=65536, block_size=16, source="tiny variant of deepseek-v3",
+            constants=_TINY_DEEPSEEK,
         ),
         ModelSpec(
             "tiny-deepseek-v3.2", "deepseek_v32", num_layers=3, hidden_size=64,
@@ -118,7 +129,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             num_shared_experts=1, first_k_dense=1, index_num_heads=2, index_head_dim=16,
             index_topk=32, num_mtp_modules=1, max_model_len=65536, block_size=16,
-            source="tiny variant of deepseek-v3.2",
+            source="tiny variant of deepseek-v3.2", constants=_TINY_DEEPSEEK,
         ),
         ModelSpec(
             "tiny-kimi-linear", "kimi_linear", num_layers=4, hidden_size=64, vocab_size=512,
@@ -136,7 +147,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             sliding_window=24, sliding_window_layers=(0,), max_model_len=65536,
             block_size=16, source="tiny variant of gpt-oss (SWA:full 1:1, window 24)",
         ),
-    ]
+    ] + FIELD_MODELS  # the models the field benchmarks now (field_presets.py)
 }
 
 # ---- models of the measured end-to-end runs (labkit validate); see measured_presets.py
@@ -147,12 +158,17 @@ MODEL_ALIASES = {"gpt-oss": "gpt-oss-120b", "kimi-linear": "kimi-linear-48b-a3b"
                  "kimi-linear-style": "kimi-linear-48b-a3b"}
 
 
-def get_model(model: str | ModelSpec) -> ModelSpec:
-    """A preset by name (or a ModelSpec passed through); names the presets on a typo."""
+def get_model(model: str | Path | ModelSpec) -> ModelSpec:
+    """A preset by name, a Hugging Face `config.json` (or a folder holding one) read by
+    `ModelSpec.from_hf_config`, or a ModelSpec passed through; names the presets on a
+    typo."""
     if isinstance(model, ModelSpec):
         return model
+    if is_hf_path(model):
+        return from_hf_config(model)
     name = str(model).lower()
     name = MODEL_ALIASES.get(name, name)
     if name not in MODEL_PRESETS:
-        raise unknown_choice("model preset", model, MODEL_PRESETS)
+        raise unknown_choice("model preset (or a path to a config.json or HF folder)",
+                             model, MODEL_PRESETS)
     return MODEL_PRESETS[name]

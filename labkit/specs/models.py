@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.specs.dtypes import dtype_bytes
+from labkit.specs.family import FamilyConfig
 
 # DeepSeek-V3.2 keeps its indexer keys in fp8 with one fp32 scale per 128 elements.
 INDEXER_SCALE_BYTES = 4
@@ -66,12 +67,17 @@ class ModelSpec:
     index_num_heads: int = 0
     index_head_dim: int = 0
     index_topk: int = 0
+    # Compressed attention (DeepSeek-V4), per layer: one KV entry (and index key) is
+    # kept per `ratio` tokens (0 or 1: every token); () = no compression
+    kv_compress_ratios: tuple[int, ...] = ()
     num_mtp_modules: int = 0  # multi-token-prediction modules (speculative drafts)
     weight_dtype: str = "bf16"  # dtype of the linear layers as served
     tie_word_embeddings: bool = False
     max_model_len: int = 131072
     block_size: int = 16  # the KV block size engines use for this family by default
     source: str = ""  # where the numbers come from
+    # RoPE, norms, router, activations (`family.py`); None: the family's defaults
+    constants: FamilyConfig | None = None
 
     def __post_init__(self) -> None:
         swa, linear = set(self.sliding_window_layers), set(self.linear_layers)
@@ -83,10 +89,20 @@ class ModelSpec:
         if any(not 0 <= i < self.num_layers for i in swa | linear):
             raise ValueError(f"model {self.name}: a layer index is outside "
                              f"0..{self.num_layers - 1}")
+        if self.kv_compress_ratios and len(self.kv_compress_ratios) != self.num_layers:
+            raise ValueError(f"model {self.name}: kv_compress_ratios needs one ratio per "
+                             f"layer ({self.num_layers}), got {len(self.kv_compress_ratios)}")
         if swa and self.num_full_attention_layers < 1:
             # KV pages are sized by the full-attention layers (see engine/kv/sliding_window.py)
             raise ValueError(f"model {self.name}: a sliding-window model needs at least one "
                              "full-attention layer")
+
+    @classmethod
+    def from_hf_config(cls, config, name: str | None = None) -> ModelSpec:
+        """The spec of a Hugging Face model: `config` is a `config.json` path, an HF
+        folder or the parsed dict (see `hf_config.py`)."""
+        from labkit.specs.hf_config import from_hf_config
+        return from_hf_config(config, name)
 
     # ------------------------------------------------------------------ layers
     @property
@@ -143,13 +159,21 @@ class ModelSpec:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
 
-    def kv_bytes_per_token_per_layer(self, dtype: str = "bf16") -> int:
+    @property
+    def kv_keep_fraction(self) -> float:
+        """The share of tokens whose KV a layer keeps, averaged over the layers (1 but
+        for compressed attention)."""
+        if not self.kv_compress_ratios:
+            return 1.0
+        return sum(1 / max(r, 1) for r in self.kv_compress_ratios) / len(self.kv_compress_ratios)
+
+    def kv_bytes_per_token_per_layer(self, dtype: str = "bf16") -> float:
         """Bytes one token costs in one attention layer (full or sliding window), indexer
-        keys included."""
+        keys included (a layer average under compressed attention)."""
         nbytes = self.kv_elements_per_token_per_layer() * dtype_bytes(dtype)
         if self.has_indexer:
             nbytes += self.index_head_dim + INDEXER_SCALE_BYTES
-        return nbytes
+        return nbytes * self.kv_keep_fraction if self.kv_compress_ratios else nbytes
 
     def kv_bytes_per_token(self, dtype: str = "bf16", include_mtp: bool = False) -> int:
         """Bytes one token costs over all full-attention layers (one copy of the model)."""

@@ -35,11 +35,10 @@ def _x(T, H, seed=0):
 def test_mla_absorbed_decode_equals_naive(name):
     spec = get_model(name)
     w = layer_weights(init_weights(spec, dtype=F64), spec.num_layers - 1)
-    theta = family_config(spec).rope_theta
     T = 23
     x, pos = _x(T, spec.hidden_size), torch.arange(T)
-    q_nope, q_pe, _ = mla_q(x, w, spec, pos, theta)
-    latent = mla_latent(x, w, spec, pos, theta)
+    q_nope, q_pe, _ = mla_q(x, w, spec, pos)
+    latent = mla_latent(x, w, spec, pos)
     assert latent.shape == (T, spec.kv_lora_rank + spec.qk_rope_head_dim)
     kv_b = w["self_attn.kv_b_proj.weight"]
     # the last token, decoding against the whole cache
@@ -153,7 +152,7 @@ def test_routing_properties(name):
     cfg = family_config(spec)
     x = _x(50, spec.hidden_size, seed=7).float()
     router = torch.randn(spec.num_experts, spec.hidden_size, generator=_gen(8)) / 8
-    ids, weights = route(x, router, spec)
+    ids, weights = route(x, {"mlp.gate.weight": router}, spec)
     k = spec.num_experts_per_tok
     assert ids.shape == weights.shape == (50, k) and ids.dtype == torch.int64
     assert all(len(set(r)) == k for r in ids.tolist())
@@ -161,9 +160,9 @@ def test_routing_properties(name):
     assert (weights[:, :-1] >= weights[:, 1:]).all()  # picks come best first
     assert cfg.router_scoring == ("softmax" if spec.family == "qwen3_moe" else "sigmoid")
     # ties go to the lower expert id, and routing is a pure function of its inputs
-    ids0, _ = route(torch.zeros(3, spec.hidden_size), router, spec)
+    ids0, _ = route(torch.zeros(3, spec.hidden_size), {"mlp.gate.weight": router}, spec)
     assert ids0.tolist() == [list(range(k))] * 3
-    assert torch.equal(route(x, router, spec)[0], ids)
+    assert torch.equal(route(x, {"mlp.gate.weight": router}, spec)[0], ids)
 
 
 def test_router_bias_steers_choice_not_weights():
@@ -172,7 +171,8 @@ def test_router_bias_steers_choice_not_weights():
     router = torch.randn(spec.num_experts, spec.hidden_size, generator=_gen(10)) / 8
     bias = torch.zeros(spec.num_experts)
     bias[5] = 10.0
-    ids, w = route(x, router, spec, bias)
+    ids, w = route(x, {"mlp.gate.weight": router, "mlp.gate.e_score_correction_bias": bias},
+                   spec)
     assert (ids[:, 0] == 5).all()
     s = torch.sigmoid(x @ router.T).gather(1, ids)
     torch.testing.assert_close(w, s / s.sum(-1, keepdim=True) * 2.5)
@@ -181,10 +181,9 @@ def test_router_bias_steers_choice_not_weights():
 # ------------------------------------------------------------------------- DSA
 def _dsa_parts(spec, T):
     w = layer_weights(init_weights(spec, dtype=F64), 1)
-    theta = family_config(spec).rope_theta
     x, pos = _x(T, spec.hidden_size, seed=11), torch.arange(T)
-    _, _, qr = mla_q(x, w, spec, pos, theta)
-    scores = indexer_scores(indexer_q(qr, w, spec, pos, theta), indexer_k(x, w, spec, pos, theta),
+    _, _, qr = mla_q(x, w, spec, pos)
+    scores = indexer_scores(indexer_q(qr, w, spec, pos), indexer_k(x, w, spec, pos),
                             indexer_weights(x, w, spec))
     return w, x, pos, scores
 

@@ -37,14 +37,16 @@ def test_sliding_layer_equals_naive_attention_over_the_last_w_positions():
     x = torch.randn(T, SPEC.hidden_size, dtype=F64, generator=torch.Generator().manual_seed(1))
     pos = torch.arange(T)
     cfg = family_config(SPEC)
-    q, k, v = gqa_qkv(x, w, SPEC.head_dim, pos, cfg.rope_theta, cfg.rms_norm_eps)
+    q, k, v = gqa_qkv(x, w, SPEC.head_dim, pos, cfg.rope, cfg.rms_norm_eps)
     group = SPEC.num_heads // SPEC.num_kv_heads
     out = torch.zeros_like(q)
     for p in range(T):
         lo = max(0, p - W + 1)
         for h in range(SPEC.num_heads):
             scores = k[lo:p + 1, h // group] @ q[p, h] / math.sqrt(SPEC.head_dim)
-            out[p, h] = torch.softmax(scores, 0) @ v[lo:p + 1, h // group]
+            # gpt-oss's sink: one more logit in the softmax, with no value behind it
+            probs = torch.softmax(torch.cat([scores, w["self_attn.sinks"][h:h + 1]]), 0)
+            out[p, h] = probs[:-1] @ v[lo:p + 1, h // group]
     torch.testing.assert_close(attention_block(SPEC, w, 0, x, pos), gqa_output(out, w),
                                rtol=1e-10, atol=1e-10)
 

@@ -115,7 +115,7 @@ def test_request_kv_of_a_sliding_layer_is_its_window():
     cfg = family_config(spec)
     h = rms_norm(w_embed(eng)[torch.tensor(req.token_ids[:n])], w["input_layernorm.weight"],
                  cfg.rms_norm_eps)
-    _, k, v = gqa_qkv(h, w, spec.head_dim, torch.arange(n), cfg.rope_theta, cfg.rms_norm_eps)
+    _, k, v = gqa_qkv(h, w, spec.head_dim, torch.arange(n), cfg.rope, cfg.rms_norm_eps)
     torch.testing.assert_close(entries["k"], k[first:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entries["v"], v[first:], rtol=1e-5, atol=1e-5)
     assert eng.data_plane.request_kv(req, 1, 0)[0].tolist() == list(range(n))
@@ -150,7 +150,7 @@ def test_single_device_matches_whole_sequence_recompute():
     assert sum(r.num_cached_tokens for r in eng.requests.values()) > 0
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "tp2xep2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "tp2xep2", "dep2"])
 def test_layout_matches_single_device(layout):
     base, eng = single_device(), scenario(layout)
     want, got = logits_by_row(base), logits_by_row(eng)

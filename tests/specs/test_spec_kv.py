@@ -54,6 +54,10 @@ def test_every_mla_preset_stores_latent_plus_rope(name):
         # fp8 indexer keys plus one fp32 scale per block of (up to) 128 of them.
         per_layer += m.index_head_dim + math.ceil(m.index_head_dim / 128) * 4
     full_layers = m.num_layers - len(m.linear_layers)
+    if m.kv_compress_ratios:  # DeepSeek-V4: a layer of ratio r keeps one token in r
+        kept = sum(1 / max(r, 1) for r in m.kv_compress_ratios)
+        assert m.kv_bytes_per_token("bf16") == pytest.approx(kept * per_layer)
+        return
     assert m.kv_bytes_per_token("bf16") == full_layers * per_layer
 
 

@@ -35,7 +35,8 @@ import torch
 from labkit.engine.compute.models.dsa import (
     dsa_select, indexer_k, indexer_q, indexer_scores, indexer_weights)
 from labkit.engine.compute.models.family import family_config
-from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale, layer_window
+from labkit.engine.compute.models.gqa import (
+    gqa_output, gqa_qkv, gqa_scale, gqa_sinks, layer_window)
 from labkit.engine.compute.models.kda import kda_attention
 from labkit.engine.compute.models.layers import causal_mask
 from labkit.engine.compute.models.mla import (
@@ -63,19 +64,19 @@ def gqa_attention(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
     spec, batch, kv = rs.rank.spec, rs.batch, rs.kv
     cfg = family_config(spec)
     pos = batch.tensor(rs.positions)
-    q, k, v = gqa_qkv(x, w, spec.head_dim, pos, cfg.rope_theta, cfg.rms_norm_eps)
+    q, k, v = gqa_qkv(x, w, spec.head_dim, pos, cfg.rope, cfg.rms_norm_eps)
     k_all, v_all = rs.all_tokens(k), rs.all_tokens(v)
     kv.write_kv(layer, k_all, v_all, rs.slots(layer))
     kc, vc = kv.layers[layer]["k"], kv.layers[layer]["v"]
     scale, window = gqa_scale(spec.head_dim), layer_window(spec, layer)
     if batch.pcp == 1 and kv.dcp == 1:
-        out = _gqa_local(rs, q, k, v, kc, vc, scale, window)
+        out, lse = _gqa_local(rs, q, k, v, kc, vc, scale, window)
     else:  # (a window here means PCP without DCP: local positions are the table's)
         def partial(q_rows, rows):
             tables, lens = _row_tables(rs, rows, sliding=window > 0)
             return paged_decode_attention(q_rows, kc, vc, tables, lens, scale, window=window)
-        out = _rows_attention(rs, q, partial)
-    return gqa_output(out, w)
+        out, lse = _rows_attention(rs, q, partial)
+    return gqa_output(gqa_sinks(out, lse, w), w)
 
 
 def _gqa_local(rs: RankStep, q, k, v, kc, vc, scale, window: int) -> Tensor:
@@ -84,11 +85,11 @@ def _gqa_local(rs: RankStep, q, k, v, kc, vc, scale, window: int) -> Tensor:
     table = batch.tensor(batch.table(sliding=window > 0), torch.int32)
     if all(e.num_new == 1 for e in entries):
         lens = batch.tensor([e.context + 1 for e in entries], torch.int32)
-        return paged_decode_attention(q, kc, vc, table, lens, scale, window=window)[0]
+        return paged_decode_attention(q, kc, vc, table, lens, scale, window=window)
     prefix = batch.tensor([e.context for e in entries], torch.int32)
     starts = batch.tensor(batch.query_start, torch.int32)
     return paged_prefill_attention(q, k, v, kc, vc, table, prefix, starts, scale,
-                                   window=window)[0]
+                                   window=window)
 
 
 # ---------------------------------------------------------------- row route
@@ -101,10 +102,11 @@ def _row_tables(rs: RankStep, rows: np.ndarray, sliding: bool = False) -> tuple[
 
 
 def _rows_attention(rs: RankStep, q_rows: Tensor, partial, extra: Tensor | None = None,
-                    decode_only: bool = False) -> Tensor:
+                    decode_only: bool = False) -> tuple[Tensor, Tensor]:
     """Each of my rows (or my decode rows) attends its context: over my shard, or over
-    the DCP group's shards with an exact merge. `partial(q, rows[, extra])` -> (out,
-    lse) over my shard for the given token rows (any number, possibly none)."""
+    the DCP group's shards with an exact merge; returns `(out, lse)` of my rows.
+    `partial(q, rows[, extra])` -> (out, lse) over my shard for the given token rows
+    (any number, possibly none)."""
     is_decode = rs.batch.is_decode_row
     members = [r[is_decode[r]] if decode_only else r for r in rs.dcp_rows]
     rows_all = np.concatenate(members)
@@ -113,10 +115,10 @@ def _rows_attention(rs: RankStep, q_rows: Tensor, partial, extra: Tensor | None 
     out, lse = partial(*args)
     sizes = [len(m) for m in members]
     outs = rs.dcp_return_rows(out, sizes)
-    if len(outs) == 1:
-        return outs[0]
     lses = rs.dcp_return_rows(lse, sizes)
-    return merge_attn_states(torch.stack(outs), torch.stack(lses))[0]
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return merge_attn_states(torch.stack(outs), torch.stack(lses))
 
 
 # ------------------------------------------------------------------------ MLA
@@ -124,15 +126,14 @@ def mla_attention(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
     """MLA (+ the DSA indexer): naive over the gathered context for prompt rows,
     absorbed over the paged latent for decode rows."""
     spec, batch, kv = rs.rank.spec, rs.batch, rs.kv
-    cfg = family_config(spec)
     pos = batch.tensor(rs.positions)
-    q_nope, q_pe, qr = mla_q(x, w, spec, pos, cfg.rope_theta, cfg.rms_norm_eps)
-    latent = mla_latent(x, w, spec, pos, cfg.rope_theta, cfg.rms_norm_eps)
+    q_nope, q_pe, qr = mla_q(x, w, spec, pos)
+    latent = mla_latent(x, w, spec, pos)
     kv.write(layer, "latent", rs.all_tokens(latent), rs.slots(layer))
     kv_b = w["self_attn.kv_b_proj.weight"]
     selected = None
     if spec.has_indexer:
-        ik = indexer_k(x, w, spec, pos, cfg.rope_theta)
+        ik = indexer_k(x, w, spec, pos)
         kv.write(layer, "index_k", rs.all_tokens(ik), rs.slots(layer))
         selected = _dsa_selection(rs, layer, w, x, qr, pos)
     out = x.new_zeros(x.shape[0], q_nope.shape[1], spec.v_head_dim)
@@ -170,7 +171,7 @@ def _mla_decode(rs, layer, q_abs, decode_rows, selected) -> Tensor:
         def partial(q_rows, rows):
             tables, lens = _row_tables(rs, rows)
             return mla_paged_decode(q_rows, cache, tables, lens, scale, kv_lora_rank=r)
-        return _rows_attention(rs, q_abs, partial, decode_only=True)
+        return _rows_attention(rs, q_abs, partial, decode_only=True)[0]
     topk = _topk_positions(rs, selected, decode_rows)
 
     def sparse(q_rows, rows, positions):
@@ -181,7 +182,7 @@ def _mla_decode(rs, layer, q_abs, decode_rows, selected) -> Tensor:
         to_req = torch.arange(len(rows), dtype=torch.int32, device=q_rows.device)
         return sparse_topk_attention(q_rows, cache, rs.batch.tensor(local, torch.int32),
                                      tables, to_req, scale, kv_lora_rank=r)
-    return _rows_attention(rs, q_abs, sparse, topk, decode_only=True)
+    return _rows_attention(rs, q_abs, sparse, topk, decode_only=True)[0]
 
 
 # ------------------------------------------------------------------------ DSA
@@ -189,8 +190,7 @@ def _dsa_selection(rs: RankStep, layer, w, x, qr, pos) -> dict[int, Tensor]:
     """Per entry with rows here: the `[my rows of it, context]` mask of the positions
     the indexer picks (causal, top-k)."""
     spec, batch = rs.rank.spec, rs.batch
-    cfg = family_config(spec)
-    iq, iw = indexer_q(qr, w, spec, pos, cfg.rope_theta), indexer_weights(x, w, spec)
+    iq, iw = indexer_q(qr, w, spec, pos), indexer_weights(x, w, spec)
     entries = list(range(len(batch.entries)))
     keys = rs.context(layer, "index_k", entries)
     out = {}

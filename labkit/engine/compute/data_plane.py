@@ -38,6 +38,7 @@ from labkit.engine.compute.group import VirtualCluster
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.checkpoint import load_safetensors
+from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.models.weights import init_weights
 from labkit.engine.compute.paged_kv import PagedKV
 from labkit.engine.compute.rank import Rank
@@ -75,6 +76,7 @@ class ComputeDataPlane:
         self.clock, self.cost_model = clock, cost_model
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv_manager = kv_manager
+        check_computable(spec)
         check_window_support(spec, layout)
         if layout.kvpp > 1:
             raise ConfigError(f"layout {layout.text!r}: the compute plane does not run kvpp yet")

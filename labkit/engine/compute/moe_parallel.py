@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from labkit.engine.compute.models.family import family_config
 from labkit.engine.compute.models.moe import (
-    dense_mlp, expert_ffn, expert_weights, moe_experts, route, shared_experts)
+    dense_mlp, expert_ffn, moe_experts, route, shared_experts)
 from labkit.engine.compute.rank import RankStep
 
 Tensor = torch.Tensor
@@ -28,12 +29,13 @@ def mlp(rs: RankStep, layer: int, w: dict, x: Tensor) -> Tensor:
     """Returns the layer's MLP output, already reduced over the TP group."""
     spec = rs.rank.spec
     if not spec.is_moe_layer(layer):
-        return rs.rank.tp.all_reduce(dense_mlp(x, w))
-    ids, weights = route(x, w["mlp.gate.weight"], spec, w.get("mlp.gate.e_score_correction_bias"))
+        return rs.rank.tp.all_reduce(dense_mlp(x, w, spec))
+    ids, weights = route(x, w, spec)
     if len(rs.rank.place.ep_group) == 1:
-        return rs.rank.tp.all_reduce(moe_experts(x, ids, weights, w) + shared_experts(x, w))
+        return rs.rank.tp.all_reduce(moe_experts(x, ids, weights, w, spec)
+                                     + shared_experts(x, w, spec))
     routed = _expert_parallel(rs, x, ids, weights, w)
-    return routed + rs.rank.tp.all_reduce(shared_experts(x, w))
+    return routed + rs.rank.tp.all_reduce(shared_experts(x, w, spec))
 
 
 def owned_experts(num_experts: int, ep: int, ep_index: int) -> range:
@@ -67,9 +69,10 @@ def _local_experts(x: Tensor, ids: Tensor, weights: Tensor, w: dict, rs: RankSte
     """Sum over each token's picks that live here, in increasing expert id."""
     out = torch.zeros_like(x)
     first = rs.rank.place.ep_index * per
+    cfg = family_config(rs.rank.spec)
     for e in range(first, first + per):
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         if tok.numel():
-            y = expert_ffn(x[tok], *expert_weights(w, e))
+            y = expert_ffn(x[tok], w, e, cfg)
             out.index_add_(0, tok, y * weights[tok, slot, None].to(x.dtype))
     return out

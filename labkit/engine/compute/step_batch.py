@@ -65,8 +65,10 @@ class StepBatch:
         self.is_decode_row = np.repeat([e.decode for e in entries], sizes).astype(bool) \
             if entries else np.zeros(0, bool)
         self.block_table = _pad([e.table for e in entries], 0)
+        # (an empty step — an idle DEP replica keeping the collectives in line — has no
+        # tables of either kind, and its sliding layers read the empty one)
         self.window_table = _pad([e.window_table for e in entries], -1) \
-            if entries and entries[0].window_table is not None else None
+            if not entries or entries[0].window_table is not None else None
         self.logit_rows = np.array(
             [r for e in entries for r in range(e.start, e.start + e.num_new)
              if e.decode or (e.samples and r == e.start + e.num_new - 1)], dtype=np.int64)

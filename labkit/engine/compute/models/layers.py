@@ -9,8 +9,12 @@ that half-precision inputs are normalised and soft-maxed in float32.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+from labkit.specs.family import RopeSpec
 
 Tensor = torch.Tensor
 
@@ -19,9 +23,9 @@ def _wide(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """`x @ weight.T` (weight `[out, in]`, no bias)."""
-    return F.linear(x, weight)
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`x @ weight.T (+ bias)` (weight `[out, in]`)."""
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
@@ -43,26 +47,100 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return (xw * torch.rsqrt(xw.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def rope(x: Tensor, positions: Tensor, theta: float | None) -> Tensor:
-    """Plain rotary embedding of the last dim of `x` `[T, ..., D]` at `positions` `[T]`.
+def rope_frequencies(spec: RopeSpec, dim: int) -> tuple[Tensor, float]:
+    """`(inv_freq [dim/2] float64, attention factor)` of a rotary embedding over `dim`
+    dims, as Hugging Face's `ROPE_INIT_FUNCTIONS` define them (computed in float64).
 
-    HF Llama ("rotate_half", NeoX) pairing: dim `i` rotates with `i + D/2` by angle
-    `pos * theta^(-2i/D)`. Angles are computed in float64 whatever `x`'s dtype (exact
-    for positions up to 2^53), then cos/sin are cast to `x.dtype`. `theta=None`
-    returns `x` unchanged (NoPE). No frequency scaling (Llama-3, YaRN) is applied.
+    default: `theta^(-2i/dim)`. linear: divided by `factor`. llama3: wavelengths beyond
+    `original / low_freq_factor` divided by `factor`, below `original /
+    high_freq_factor` kept, smoothly blended between. yarn: interpolated
+    (`/ factor`) and extrapolated frequencies blended by a linear ramp over the dims
+    whose rotations in `original` positions lie between `beta_slow` and `beta_fast`;
+    the attention factor (cos/sin are multiplied by it) is `0.1 ln(factor) + 1`, or
+    the ratio of `mscale` and `mscale_all_dim`'s when both are set.
     """
-    if theta is None:
+    base = spec.theta
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if spec.kind == "default":
+        return inv, 1.0
+    if spec.kind == "linear":
+        return inv / spec.factor, 1.0
+    if spec.kind == "llama3":
+        old = spec.original_max_position_embeddings
+        low_wl, high_wl = old / spec.low_freq_factor, old / spec.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / spec.factor, inv)
+        smooth = (old / wavelen - spec.low_freq_factor) / (
+            spec.high_freq_factor - spec.low_freq_factor)
+        blended = (1 - smooth) * scaled / spec.factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        return torch.where(medium, blended, scaled), 1.0
+    if spec.kind != "yarn":
+        raise ValueError(f"unsupported rope kind {spec.kind!r}")
+    factor, old = spec.factor, spec.original_max_position_embeddings
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = spec.attention_factor
+    if attn is None:
+        attn = (mscale(factor, spec.mscale) / mscale(factor, spec.mscale_all_dim)
+                if spec.mscale and spec.mscale_all_dim else mscale(factor))
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(spec.beta_fast or 32), correction_dim(spec.beta_slow or 1)
+    if spec.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # (as HF: no zero-width ramp)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attn)
+
+
+def yarn_softmax_scale(spec: RopeSpec | None) -> float:
+    """The factor DeepSeek's YaRN puts on MLA's softmax scale: `mscale(factor,
+    mscale_all_dim)^2` (1 without `mscale_all_dim`)."""
+    if spec is None or spec.kind == "default" or not spec.mscale_all_dim or spec.factor <= 1:
+        return 1.0
+    m = 0.1 * spec.mscale_all_dim * math.log(spec.factor) + 1.0
+    return m * m
+
+
+def rope(x: Tensor, positions: Tensor, spec: RopeSpec | float | None,
+         interleave: bool = False) -> Tensor:
+    """Rotary embedding of the last dim of `x` `[T, ..., D]` at `positions` `[T]`.
+
+    `spec` is a `RopeSpec` (its frequencies and attention factor, `rope_frequencies`),
+    a plain base theta, or None (NoPE: `x` returned unchanged). Pairing: dim `i`
+    rotates with `i + D/2` (HF "rotate_half", NeoX); with `interleave` (DeepSeek's MLA)
+    dims `(2i, 2i+1)` rotate together and the result comes out de-interleaved (pair
+    i's two values at i and i + D/2), as HF's `apply_rotary_pos_emb_interleave` lays
+    it out — queries and keys get the same layout, so their dot products are those of
+    the interleaved rotation. Angles are computed in float64 whatever `x`'s dtype,
+    then cos/sin (times the attention factor) are cast to `x.dtype`.
+    """
+    if spec is None:
         return x
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"rope needs an even head dim, got {d}")
     half = d // 2
-    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / d)
-    ang = positions.to(device=x.device, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    if not isinstance(spec, RopeSpec):
+        spec = RopeSpec(float(spec))
+    inv_freq, factor = rope_frequencies(spec, d)
+    ang = positions.to(device=x.device, dtype=torch.float64)[:, None] * \
+        inv_freq.to(x.device)[None, :]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    cos = ang.cos().to(x.dtype).reshape(shape)
-    sin = ang.sin().to(x.dtype).reshape(shape)
-    x1, x2 = x[..., :half], x[..., half:]
+    cos = (ang.cos() * factor).to(x.dtype).reshape(shape)
+    sin = (ang.sin() * factor).to(x.dtype).reshape(shape)
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
@@ -105,7 +183,31 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     return out.to(q.dtype), lse
 
 
-def swiglu(x: Tensor, gate_w: Tensor, up_w: Tensor, down_w: Tensor) -> Tensor:
+def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention with a learned per-head sink logit (gpt-oss) from attention without:
+    the sink joins the softmax's denominator only, so `out * exp(lse - lse')` with
+    `lse' = logaddexp(lse, sink)`. Exact for merged partials too (apply once, after
+    the merge). out `[T, H, D]`, lse `[T, H]`, sinks `[H]`."""
+    sinks = sinks.to(lse.dtype)
+    total = torch.logaddexp(lse, sinks.expand_as(lse))
+    return (out * torch.exp(lse - total)[..., None].to(out.dtype)), total
+
+
+def swiglu(x: Tensor, gate_w: Tensor, up_w: Tensor, down_w: Tensor,
+           biases: tuple | None = None, limit: float = 0.0, alpha: float = 1.702) -> Tensor:
     """SwiGLU MLP `down(silu(gate x) * up x)`; a TP rank passes its column slice of
-    gate/up (`[I/tp, H]`) and row slice of down (`[H, I/tp]`) and gets a partial sum."""
-    return linear(F.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
+    gate/up (`[I/tp, H]`) and row slice of down (`[H, I/tp]`) and gets a partial sum.
+
+    `biases` (gate, up, down; gpt-oss) are added to each projection (a TP rank holds
+    the down bias on one rank only, zeros elsewhere, so the partial sums add it once).
+    `limit > 0` is gpt-oss's clamped form: gate clamped above at `limit`, up to
+    `[-limit, limit]`, `gate * sigmoid(alpha * gate) * (up + 1)`."""
+    gb, ub, db = biases or (None, None, None)
+    gate, up = linear(x, gate_w, gb), linear(x, up_w, ub)
+    if limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(-limit, limit)
+        act = gate * torch.sigmoid(gate * alpha) * (up + 1)
+    else:
+        act = F.silu(gate) * up
+    return linear(act, down_w, db)

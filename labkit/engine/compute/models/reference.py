@@ -19,7 +19,8 @@ import torch
 from labkit.engine.compute.models.dsa import (
     dsa_select, indexer_k, indexer_q, indexer_scores, indexer_weights)
 from labkit.engine.compute.models.family import family_config
-from labkit.engine.compute.models.gqa import gqa_output, gqa_qkv, gqa_scale, layer_window
+from labkit.engine.compute.models.gqa import (
+    gqa_output, gqa_qkv, gqa_scale, gqa_sinks, layer_window)
 from labkit.engine.compute.models.kda import kda_attention
 from labkit.engine.compute.models.layers import attention, causal_mask, linear, rms_norm
 from labkit.engine.compute.models.mla import (
@@ -35,28 +36,28 @@ def attention_block(spec: ModelSpec, w: Mapping[str, Tensor], layer: int, x: Ten
                     positions: Tensor) -> Tensor:
     """The attention sub-block of layer `layer` (structure) on normed input x `[T, H]`."""
     cfg = family_config(spec)
-    eps, theta = cfg.rms_norm_eps, cfg.rope_theta
+    eps = cfg.rms_norm_eps
     if spec.is_linear_layer(layer):
         return kda_attention(x, w, spec.linear_head_dim, eps=eps)[0]
     mask = causal_mask(positions, positions, layer_window(spec, layer))
     if spec.is_mla:
-        q_nope, q_pe, qr = mla_q(x, w, spec, positions, theta, eps)
-        latent = mla_latent(x, w, spec, positions, theta, eps)
+        q_nope, q_pe, qr = mla_q(x, w, spec, positions)
+        latent = mla_latent(x, w, spec, positions)
         if spec.has_indexer:
-            scores = indexer_scores(indexer_q(qr, w, spec, positions, theta),
-                                    indexer_k(x, w, spec, positions, theta),
+            scores = indexer_scores(indexer_q(qr, w, spec, positions),
+                                    indexer_k(x, w, spec, positions),
                                     indexer_weights(x, w, spec))
             mask = dsa_select(scores, mask, spec.index_topk, positions)
         out, _ = mla_attention_naive(q_nope, q_pe, latent, w["self_attn.kv_b_proj.weight"],
                                      spec, mask)
         return mla_output(out, w)
-    q, k, v = gqa_qkv(x, w, spec.head_dim, positions, theta, eps)
-    out, _ = attention(q, k, v, gqa_scale(spec.head_dim), mask)
-    return gqa_output(out, w)
+    q, k, v = gqa_qkv(x, w, spec.head_dim, positions, cfg.rope, eps)
+    out, lse = attention(q, k, v, gqa_scale(spec.head_dim), mask)
+    return gqa_output(gqa_sinks(out, lse, w), w)
 
 
 def mlp_block(spec: ModelSpec, w: Mapping[str, Tensor], layer: int, x: Tensor) -> Tensor:
-    return moe_mlp(x, w, spec) if spec.is_moe_layer(layer) else dense_mlp(x, w)
+    return moe_mlp(x, w, spec) if spec.is_moe_layer(layer) else dense_mlp(x, w, spec)
 
 
 def decoder_layer(spec: ModelSpec, w: Mapping[str, Tensor], layer: int, x: Tensor,

@@ -1,12 +1,15 @@
 """How each weight splits across tensor-parallel ranks (a helper; the runner may slice
 its own way). Rank r of N takes the r-th of N equal chunks along the split dim:
 
-- by heads (dim 0): GQA q_proj; MLA q_b_proj / q_proj and kv_b_proj; KDA q/k/v_proj,
-  q/k/v_conv1d, f_b_proj, g_b_proj, dt_bias, A_log, b_proj.
-- GQA k_proj / v_proj: by KV heads when N divides them, else each KV head is replicated
-  on the N / Hkv ranks whose query heads read it.
+- by heads (dim 0): GQA q_proj (and its bias) and sinks; MLA q_b_proj / q_proj and
+  kv_b_proj; KDA q/k/v_proj, q/k/v_conv1d, f_b_proj, g_b_proj, dt_bias, A_log, b_proj.
+- GQA k_proj / v_proj (and biases): by KV heads when N divides them, else each KV head
+  is replicated on the N / Hkv ranks whose query heads read it.
 - by input columns (dim 1): every o_proj (partial sums: all-reduce after).
-- MLPs, routed and shared experts: gate/up by rows (dim 0), down by columns (dim 1).
+- MLPs, routed and shared experts: gate/up (and their biases) by rows (dim 0), down by
+  columns (dim 1).
+- biases after a partial sum (o_proj, down_proj): whole on rank 0, zeros on the others,
+  so the all-reduce adds them once.
 - replicated: embeddings, LM head, norms, router and its bias, MLA q_a_proj /
   kv_a_proj_with_mqa (the latent is per token, not per head: TP replicates it), the DSA
   indexer, KDA f_a_proj / g_a_proj / o_norm, MTP eh_proj.
@@ -22,9 +25,11 @@ from labkit.specs.models import ModelSpec
 
 _ROWS = re.compile(
     r"self_attn\.(q_proj|q_b_proj|kv_b_proj|[qkv]_conv1d|f_b_proj|g_b_proj|b_proj)\.weight$"
-    r"|self_attn\.(dt_bias|A_log)$|(gate_proj|up_proj)\.weight$")
+    r"|self_attn\.q_proj\.bias$|self_attn\.(dt_bias|A_log|sinks)$"
+    r"|(gate_proj|up_proj)\.(weight|bias)$")
 _COLS = re.compile(r"(o_proj|down_proj)\.weight$")
-_KV = re.compile(r"self_attn\.[kv]_proj\.weight$")
+_ONCE = re.compile(r"(o_proj|down_proj)\.bias$")
+_KV = re.compile(r"self_attn\.[kv]_proj\.(weight|bias)$")
 
 
 def _chunk(t: torch.Tensor, dim: int, parts: int, index: int, name: str) -> torch.Tensor:
@@ -51,6 +56,8 @@ def tp_shard(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int,
             out[name] = _chunk(t, 0, size, rank, name)
         elif _COLS.search(name):
             out[name] = _chunk(t, 1, size, rank, name)
+        elif _ONCE.search(name):
+            out[name] = t if rank == 0 else torch.zeros_like(t)
         else:
             out[name] = t
     return out

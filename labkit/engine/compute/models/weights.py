@@ -7,9 +7,11 @@ Naming scheme (every matrix stored `[out, in]`, like `nn.Linear.weight`):
     lm_head.weight                                  [V, H]   (absent if tied)
     model.layers.{i}.input_layernorm.weight         [H]
     model.layers.{i}.post_attention_layernorm.weight [H]
-  GQA (llama, qwen3_moe), heads Hq / Hkv of head_dim D:
+  GQA (llama, qwen3_moe, gpt_oss), heads Hq / Hkv of head_dim D:
     self_attn.{q,k,v}_proj.weight  [Hq*D | Hkv*D, H]   self_attn.o_proj.weight [H, Hq*D]
     self_attn.{q,k}_norm.weight    [D]                 (qwen3_moe only)
+    self_attn.{q,k,v,o}_proj.bias  [Hq*D | Hkv*D | H]  (attention_bias: gpt_oss)
+    self_attn.sinks                [Hq]                (attention_sinks: gpt_oss)
   MLA (deepseek_v3/_v32, kimi_k2, kimi_linear's full layers), n heads, r = kv_lora_rank:
     self_attn.q_a_proj.weight [q_lora, H], self_attn.q_a_layernorm.weight [q_lora],
     self_attn.q_b_proj.weight [n*(nope+rope), q_lora]   (or q_proj [n*(nope+rope), H]
@@ -29,19 +31,23 @@ Naming scheme (every matrix stored `[out, in]`, like `nn.Linear.weight`):
        MoE    mlp.gate.weight [E, H] (router), mlp.gate.e_score_correction_bias [E]
               (sigmoid routers), mlp.experts.{e}.{gate,up,down}_proj.weight,
               mlp.shared_experts.{gate,up,down}_proj.weight (intermediate
-              moe_intermediate_size * num_shared_experts, as DeepSeek stores it)
+              moe_intermediate_size * num_shared_experts, as DeepSeek stores it);
+              with moe_bias (gpt_oss) also mlp.gate.bias [E] and the experts'
+              {gate,up}_proj.bias [I], down_proj.bias [H]
   MTP module j (DeepSeek), prefix model.layers.{num_layers + j}.:
     enorm.weight [H], hnorm.weight [H], eh_proj.weight [H, 2H], shared_head.norm.weight [H],
     plus one decoder layer shaped like the last main layer; embedding and LM head are
     shared with the main model (not stored again).
 
-Kimi's own checkpoints call the MoE block `block_sparse_moe` with experts `w1/w2/w3`;
+Checkpoints that name things otherwise (Kimi's `block_sparse_moe` with experts
+`w1/w2/w3`, gpt-oss's fused `gate_up_proj`) are renamed on loading (`checkpoint.py`);
 here every family uses the DeepSeek/Qwen names above.
 
 Initialisation: linear weights ~ N(0, 1/fan_in) (fan_in = the `in` dim; K for the
-depthwise convs); embeddings ~ N(0, 1); norm weights 1; biases and the router
-correction bias 0; KDA `A_log = log U(1, 16)` and `dt_bias = softplus^-1(dt)`,
-dt log-uniform in [1e-3, 1e-1] (Mamba/KDA's own init, so decays are slow). Each tensor
+depthwise convs); embeddings ~ N(0, 1); norm weights 1; norm biases and the router
+correction bias 0; projection and router biases ~ N(0, 0.01), sinks ~ N(0, 1); KDA
+`A_log = log U(1, 16)` and `dt_bias = softplus^-1(dt)`, dt log-uniform in
+[1e-3, 1e-1] (Mamba/KDA's own init, so decays are slow). Each tensor
 is drawn on the CPU in float32 from its own `torch.Generator`, seeded by
 `blake2b(f"{seed}:{name}")`, then cast: a tensor depends only on (seed, name, shape),
 so a rank can build just the tensors it needs, and float64 weights are exactly the
@@ -101,33 +107,42 @@ def _mla_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 
 def _gqa_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    H, D = spec.hidden_size, spec.head_dim
-    s = {
-        "self_attn.q_proj.weight": (spec.num_heads * D, H),
-        "self_attn.k_proj.weight": (spec.num_kv_heads * D, H),
-        "self_attn.v_proj.weight": (spec.num_kv_heads * D, H),
-        "self_attn.o_proj.weight": (H, spec.num_heads * D),
-    }
-    if family_config(spec).qk_norm:
+    H, D, cfg = spec.hidden_size, spec.head_dim, family_config(spec)
+    outs = {"q": spec.num_heads * D, "k": spec.num_kv_heads * D, "v": spec.num_kv_heads * D,
+            "o": H}
+    s: dict[str, tuple[int, ...]] = {
+        f"self_attn.{p}_proj.weight": (n, spec.num_heads * D if p == "o" else H)
+        for p, n in outs.items()}
+    if cfg.attention_bias:
+        s.update({f"self_attn.{p}_proj.bias": (n,) for p, n in outs.items()})
+    if cfg.attention_sinks:
+        s["self_attn.sinks"] = (spec.num_heads,)
+    if cfg.qk_norm:
         s["self_attn.q_norm.weight"] = (D,)
         s["self_attn.k_norm.weight"] = (D,)
     return s
 
 
 def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
-    H = spec.hidden_size
+    H, cfg = spec.hidden_size, family_config(spec)
 
-    def ffn(prefix: str, inter: int) -> dict[str, tuple[int, ...]]:
-        return {f"{prefix}gate_proj.weight": (inter, H), f"{prefix}up_proj.weight": (inter, H),
-                f"{prefix}down_proj.weight": (H, inter)}
+    def ffn(prefix: str, inter: int, bias: bool = False) -> dict[str, tuple[int, ...]]:
+        s = {f"{prefix}gate_proj.weight": (inter, H), f"{prefix}up_proj.weight": (inter, H),
+             f"{prefix}down_proj.weight": (H, inter)}
+        if bias:
+            s.update({f"{prefix}gate_proj.bias": (inter,), f"{prefix}up_proj.bias": (inter,),
+                      f"{prefix}down_proj.bias": (H,)})
+        return s
 
     if not spec.is_moe_layer(layer):
         return ffn("mlp.", spec.intermediate_size)
     s = {"mlp.gate.weight": (spec.num_experts, H)}
-    if family_config(spec).router_bias:
+    if cfg.router_bias:
         s["mlp.gate.e_score_correction_bias"] = (spec.num_experts,)
+    if cfg.moe_bias:
+        s["mlp.gate.bias"] = (spec.num_experts,)
     for e in range(spec.num_experts):
-        s.update(ffn(f"mlp.experts.{e}.", spec.moe_intermediate_size))
+        s.update(ffn(f"mlp.experts.{e}.", spec.moe_intermediate_size, cfg.moe_bias))
     if spec.num_shared_experts:
         s.update(ffn("mlp.shared_experts.",
                      spec.moe_intermediate_size * spec.num_shared_experts))
@@ -178,6 +193,7 @@ def name_seed(seed: int, name: str) -> int:
 
 
 _ONES = re.compile(r"(norm|layernorm)\.weight$")
+_SMALL = re.compile(r"(_proj|mlp\.gate)\.bias$")
 _ZEROS = re.compile(r"(\.bias|e_score_correction_bias)$")
 
 
@@ -186,6 +202,10 @@ def init_tensor(name: str, shape: tuple[int, ...], seed: int = 0,
     """One tensor of the scheme above, deterministic in (seed, name, shape)."""
     if _ONES.search(name):
         return torch.ones(shape, dtype=dtype)
+    if _SMALL.search(name) or name.endswith("sinks"):
+        g = torch.Generator().manual_seed(name_seed(seed, name))
+        return (torch.randn(shape, generator=g) * (1.0 if name.endswith("sinks") else 0.1)
+                ).to(dtype)
     if _ZEROS.search(name):
         return torch.zeros(shape, dtype=dtype)
     g = torch.Generator().manual_seed(name_seed(seed, name))
