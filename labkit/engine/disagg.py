@@ -150,6 +150,8 @@ class PDEngine:
         while True:
             t, engine = self._next()
             if t >= self.stop_s or t == math.inf:
+                for e in self._engines():  # the data planes catch up
+                    e.flush_commands()
                 return False
             self.now = t
             if engine is None:
@@ -235,6 +237,8 @@ class PDEngine:
                  start: int, stop: int) -> None:
         from labkit.engine.compute.kv_convert import export_kv, import_kv
 
+        prefill.flush_commands()  # the planes first catch up with their control planes
+        decode.flush_commands()
         src_kv = prefill.schedulers[shadow.rank].kv
         dst_kv = decode.schedulers[req.rank].kv
         spec = prefill.model
@@ -262,8 +266,7 @@ class PDEngine:
         if shadow is not None:
             engine = self._prefill_of.pop(request_id)
             engine.schedulers[shadow.rank].kv.free(shadow)
-            if engine.backend == "compute":  # its linear-attention state, if any
-                engine.data_plane.release(request_id)
+            engine.release(request_id)  # its per-request state on the data plane, if any
             self._prefilled_calls[request_id] = shadow
 
     def _decoded(self, req: Request, t: float) -> None:

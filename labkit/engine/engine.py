@@ -48,6 +48,7 @@ from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hispar
     hisparse_blocks
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.engine.sim.work import StepWork
+from labkit.engine.step_message import Outbox
 from labkit.engine.transfer import RemoteFetch
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
@@ -111,6 +112,7 @@ class Engine:
             self.data_plane = HiSparseDataPlane(self.data_plane, self.hisparse)
             self.events.subscribe(lambda e: self.hisparse.release(e.request.request_id),
                                   RequestFinished)
+        self.outbox = Outbox(self.data_plane)  # commands for the plane, sent with a step
         self.schedulers = [
             Scheduler(self.config, KVManager(self.num_blocks, self.block_size,
                                              self.config.enable_prefix_caching, self.events, r),
@@ -119,20 +121,18 @@ class Engine:
         ]
         groups = ([list(range(self.layout.num_dp_ranks))] if self.layout.lockstep
                   else [[r] for r in range(self.layout.num_dp_ranks)])
+        block_bytes = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
         self.instances = [
             Instance(i, ranks, [self.schedulers[r] for r in ranks], self.data_plane,
-                     self.config, self.events)
+                     self.config, self.events, self.outbox, block_bytes)
             for i, ranks in enumerate(groups)
         ]
         self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
-        for inst in self.instances:
-            inst.kv_bytes_per_block = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
         self.router = Router(self.config.router, self.schedulers, self.events)
         self.offload = self._prefix_sources(backend)
         attach_hybrid_kv(self)
-        if backend == "compute":
-            self.events.subscribe(self._release_on_finish,
-                                  RequestFinished)
+        if self.data_plane.computes:
+            self.events.subscribe(self._release_on_finish, RequestFinished)
 
         self.now = 0.0
         self.stop_s = math.inf
@@ -149,7 +149,28 @@ class Engine:
         held to be sent on, as a P/D prefill's is: `disagg.py` releases it then)."""
         req = event.request
         if not self.schedulers[req.rank].hold_kv_on_finish:
-            self.data_plane.release(req.request_id)
+            self.outbox.release(req.request_id)
+
+    def release(self, request_id: str) -> None:
+        """The data plane may drop a request's per-request state (with the next step)."""
+        self.outbox.release(request_id)
+
+    def flush_commands(self) -> None:
+        """Deliver the commands queued for the data plane now (before reading or moving
+        its bytes from outside a step, e.g. a P/D hand-over)."""
+        self.outbox.flush()
+
+    def request_kv(self, req: Request, layer: int, gpu: int):
+        """Compute plane: what GPU `gpu` holds of request `req`'s KV in `layer` — the
+        positions it owns (all of them, or its DCP shard) and, per cache tensor, their
+        entries. A finished request's KV is what is still cached of it (whole blocks); a
+        sliding-window layer holds only the positions its window table still has pages
+        for (none once the request finished)."""
+        self.outbox.flush()
+        kv = self.schedulers[req.rank].kv
+        table, n = kv.held_blocks(req)
+        window = kv.window_table(req.request_id) if kv.window is not None else None
+        return self.data_plane.request_kv(req.rank, table, n, layer, gpu, window)
 
     def _cost_model(self, choice):
         """The step model: "calibrated" (default: layer by layer from kernels fitted on
@@ -191,7 +212,7 @@ class Engine:
         if self.config.session_kv_migration == "fetch" and not partial:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
-                                       self.data_plane.copy_kv if compute else None))
+                                       self.outbox.copy_blocks if compute else None))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
                               self.block_size, self.block_layout, self.layout.num_dp_ranks,
@@ -203,9 +224,9 @@ class Engine:
             if self.model.linear_layers:
                 offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
             if compute:
-                offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
-                offload.intact = offload.on_moves.intact
-                offload.fetch = offload.on_moves.fetch
+                tiers = self.data_plane.tier_bytes(self.config.kv_offload_dir)
+                offload.on_moves = self.outbox.before(tiers)  # after the queued copies
+                offload.intact, offload.fetch = tiers.intact, tiers.fetch
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload
@@ -227,7 +248,6 @@ class Engine:
         clock = opts.get("clock", "measured")
         return ComputeDataPlane(
             self.model, self.layout, self.config, self.num_blocks, self.block_size,
-            kv_manager=lambda dp: self.schedulers[dp].kv,
             device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
             cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
 
@@ -351,6 +371,12 @@ class Engine:
             heapq.heappop(self._timers)  # that plan was cut short and rescheduled
 
     def _process_next(self):
+        kind = self._process_event()
+        if kind is None:  # nothing more to run now: the data plane catches up
+            self.outbox.flush()
+        return kind
+
+    def _process_event(self):
         self._drop_stale_timers()
         arrival = self._arrivals[0] if self._arrivals else None
         timer = self._timers[0] if self._timers else None
