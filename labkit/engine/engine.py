@@ -222,7 +222,7 @@ class Engine(Arrivals):
             if self.model.linear_layers:
                 offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
             if compute:
-                tiers = self.data_plane.tier_bytes(self.config.kv_offload_dir)
+                tiers = self.data_plane.tiers
                 offload.on_moves = self.outbox.before(tiers)  # after the queued copies
                 offload.intact, offload.fetch = tiers.intact, tiers.fetch
         for s in self.schedulers:

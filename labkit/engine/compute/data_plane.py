@@ -102,7 +102,8 @@ class ComputeDataPlane:
         self.seconds = {"host": 0.0, "forward": 0.0, "collectives": 0.0}
         self.accepted_drafts = 0
         self.proposed_drafts = 0
-        self.tiers: TierBytes | None = None  # the offload tiers' bytes, when configured
+        # the offload tiers' bytes (host tensors, block files), when tiers are configured
+        self.tiers = self._tier_bytes(config.kv_offload_dir) if config.cpu_kv_gib else None
 
     def _build_rank(self, place, full: dict) -> Rank:
         w = rank_weights(self.spec, full, place, self.layout, self.device)
@@ -281,13 +282,12 @@ class ComputeDataPlane:
         for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
             self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
 
-    def tier_bytes(self, directory: str | None = None) -> TierBytes:
-        """The KV offload tiers' bytes (host tensors, block files), kept in step with
-        the control plane's tier moves; closed with the plane."""
+    def _tier_bytes(self, directory: str | None) -> TierBytes:
+        """The KV offload tiers' bytes, kept in step with the control plane's tier
+        moves; closed with the plane."""
         identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
                                self.block_size, self.device, self.weights_id)
-        self.tiers = TierBytes(self, directory, identity, self.config.kv_offload_strict)
-        return self.tiers
+        return TierBytes(self, directory, identity, self.config.kv_offload_strict)
 
     def release(self, request_id: str) -> None:
         for r in self.ranks:
