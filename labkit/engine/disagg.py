@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from labkit.engine.engine import _COMMIT, Engine
+from labkit.engine.arrivals import Arrivals
+from labkit.engine.engine import Engine
 from labkit.engine.events import EventBus, KVTransferred
 from labkit.engine.metrics import ReplayResult
 from labkit.engine.request import Request, Status
@@ -51,7 +52,7 @@ PD_LINK_EFFICIENCY = 0.8
 _BALANCE = 8  # prefix-aware routing falls back to the least loaded beyond this
 
 
-class PDEngine:
+class PDEngine(Arrivals):
     def __init__(self, model="llama-3.1-8b", prefill_layout="tp1", decode_layout="tp1",
                  hardware="h200", num_prefill: int = 1, num_decode: int = 1,
                  backend: str = "sim", cost_model=None, *, prefill_knobs: dict | None = None,
@@ -59,6 +60,7 @@ class PDEngine:
         """`knobs` (EngineConfig names) apply to both roles; `prefill_knobs` /
         `decode_knobs` override them for one role (e.g. num_speculative_tokens for
         decode only). `backend="compute"` also takes device/dtype/clock via knobs."""
+        super().__init__()  # the P/D router's arrivals (`arrivals.py`)
         for name, n in (("num_prefill", num_prefill), ("num_decode", num_decode)):
             if not isinstance(n, int) or n < 1:
                 raise ConfigError(f"{name}={n!r} must be an integer >= 1")
@@ -75,6 +77,7 @@ class PDEngine:
         check_pd_pair(self.prefill[0], self.decode[0])
         first = self.decode[0]
         self.model, self.hardware, self.backend = first.model, first.hardware, backend
+        self.tokenizer = first.tokenizer
         self.config, self.block_size = first.config, first.block_size
         self.layout = _PDLayout(self.prefill[0].layout.text, num_prefill,
                                 first.layout.text, num_decode)
@@ -92,8 +95,6 @@ class PDEngine:
         self.stop_s = math.inf
         self.requests: dict[str, Request] = {}
         self.finish_callbacks: list[Callable[[Request, float], None]] = []
-        self._arrivals: list = []
-        self._seq = 0
         self._shadow: dict[str, Request] = {}  # request id -> its prefill-side call
         self._prefill_of: dict[str, Engine] = {}
         self._decode_of: dict[str, Engine] = {}
@@ -119,10 +120,6 @@ class PDEngine:
         self.prefill[0].check_fits(request_id, input_tokens, 1)
         self.decode[0].check_fits(request_id, input_tokens, output_tokens)
 
-    # ------------------------------------------------------------ feeding
-    submit = Engine.submit  # a call reaches the P/D router at `at` (the same code)
-    submit_prompt = Engine.submit_prompt  # a call given by its token ids (the same code)
-
     # ------------------------------------------------------------ running
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode
@@ -133,16 +130,20 @@ class PDEngine:
         t = self._arrivals[0][0] if self._arrivals else math.inf
         source = None
         for e in self._engines():
-            te = e._next_time()
+            te = e.next_event_time()
             if te < t:
                 t, source = te, e
         return t, source
 
-    def _next_time(self) -> float:
+    def next_event_time(self) -> float:
         return self._next()[0]
 
     def has_events(self, before: float | None = None) -> bool:
-        return self._next_time() < (self.stop_s if before is None else before)
+        return self.next_event_time() < (self.stop_s if before is None else before)
+
+    @property
+    def computes(self) -> bool:
+        return self.decode[0].computes
 
     def step(self) -> bool:
         """Process events, in time order across all groups, up to the next committed
@@ -150,13 +151,15 @@ class PDEngine:
         while True:
             t, engine = self._next()
             if t >= self.stop_s or t == math.inf:
+                for e in self._engines():  # the data planes catch up
+                    e.flush_commands()
                 return False
             self.now = t
             if engine is None:
                 self._route(heapq.heappop(self._arrivals)[2])
                 continue
             engine.stop_s = self.stop_s
-            if engine._process_next() == _COMMIT:
+            if engine.process_event() == "commit":
                 return True
 
     def run_until(self, t: float = math.inf) -> None:
@@ -222,7 +225,7 @@ class PDEngine:
             if decode.events.wants(KVTransferred):
                 decode.events.emit(KVTransferred(now, r.rank, r.request_id, cached,
                                                  tokens - cached, seconds))
-            if self.backend == "compute":
+            if decode.computes:  # the bytes really move
                 self._copy_kv(prefill, shadow, decode, r, cached, tokens)
             self.transfers.append({"request_id": r.request_id, "start_s": now,
                                    "seconds": seconds, "tokens": tokens - cached,
@@ -235,6 +238,8 @@ class PDEngine:
                  start: int, stop: int) -> None:
         from labkit.engine.compute.kv_convert import export_kv, import_kv
 
+        prefill.flush_commands()  # the planes first catch up with their control planes
+        decode.flush_commands()
         src_kv = prefill.schedulers[shadow.rank].kv
         dst_kv = decode.schedulers[req.rank].kv
         spec = prefill.model
@@ -262,8 +267,7 @@ class PDEngine:
         if shadow is not None:
             engine = self._prefill_of.pop(request_id)
             engine.schedulers[shadow.rank].kv.free(shadow)
-            if engine.backend == "compute":  # its linear-attention state, if any
-                engine.data_plane.release(request_id)
+            engine.release(request_id)  # its per-request state on the data plane, if any
             self._prefilled_calls[request_id] = shadow
 
     def _decoded(self, req: Request, t: float) -> None:

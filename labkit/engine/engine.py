@@ -26,21 +26,19 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import operator
 from collections.abc import Callable
 
-from labkit import checks
+from labkit.engine.arrivals import Arrivals
 from labkit.engine.capacity import kv_capacity
 from labkit.engine.events import EventBus, RequestArrived, RequestFinished
 from labkit.engine.hybrid_kv import attach_hybrid_kv, hybrid_summary
 from labkit.engine.instance import Instance
-from labkit.engine.kv.block_keys import TokenBlockKeys
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.kv.packing import block_layout
 from labkit.engine.kv.sliding_window import check_sliding_window
 from labkit.engine.metrics import StepRecorder
 from labkit.engine.offload import Offload
-from labkit.engine.request import Request, Status
+from labkit.engine.request import Request
 from labkit.engine.router import Router
 from labkit.engine.scheduler import RankBatch, Scheduler
 from labkit.engine.sim.data_plane import SimDataPlane
@@ -48,19 +46,21 @@ from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hispar
     hisparse_blocks
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.engine.sim.work import StepWork
+from labkit.engine.step_message import Outbox
 from labkit.engine.transfer import RemoteFetch
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
-from labkit.tokenizer import load_tokenizer, no_tokenizer
+from labkit.tokenizer import load_tokenizer
 from labkit.specs.dtypes import dtype_bytes
 
 BACKENDS = ("sim", "compute")
 COST_MODELS = ("calibrated", "roofline")
 COMPUTE_KV_BUDGET_BYTES = 256 * 2**20  # per GPU, compute plane, unless overridden
 _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
+EVENT_KINDS = ("arrival", "commit", "plan")
 
 
-class Engine:
+class Engine(Arrivals):
     def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
                  backend: str = "sim", cost_model=None, *, device: str | None = None,
                  dtype: str | None = None, clock: str | None = None, checkpoint=None,
@@ -70,6 +70,7 @@ class Engine:
         optional safetensors `checkpoint`; see `labkit.engine.compute`)."""
         if backend not in BACKENDS:
             raise unknown_choice("backend", backend, BACKENDS)
+        super().__init__()  # the arrivals heap (`arrivals.py`)
         compute_opts = {k: v for k, v in dict(device=device, dtype=dtype, clock=clock,
                                                checkpoint=checkpoint).items() if v is not None}
         if backend == "sim" and compute_opts:
@@ -111,6 +112,7 @@ class Engine:
             self.data_plane = HiSparseDataPlane(self.data_plane, self.hisparse)
             self.events.subscribe(lambda e: self.hisparse.release(e.request.request_id),
                                   RequestFinished)
+        self.outbox = Outbox(self.data_plane)  # commands for the plane, sent with a step
         self.schedulers = [
             Scheduler(self.config, KVManager(self.num_blocks, self.block_size,
                                              self.config.enable_prefix_caching, self.events, r),
@@ -119,26 +121,22 @@ class Engine:
         ]
         groups = ([list(range(self.layout.num_dp_ranks))] if self.layout.lockstep
                   else [[r] for r in range(self.layout.num_dp_ranks)])
+        block_bytes = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
         self.instances = [
             Instance(i, ranks, [self.schedulers[r] for r in ranks], self.data_plane,
-                     self.config, self.events)
+                     self.config, self.events, self.outbox, block_bytes)
             for i, ranks in enumerate(groups)
         ]
         self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
-        for inst in self.instances:
-            inst.kv_bytes_per_block = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
         self.router = Router(self.config.router, self.schedulers, self.events)
-        self.offload = self._prefix_sources(backend)
+        self.offload = self._prefix_sources()
         attach_hybrid_kv(self)
-        if backend == "compute":
-            self.events.subscribe(self._release_on_finish,
-                                  RequestFinished)
+        if self.data_plane.computes:
+            self.events.subscribe(self._release_on_finish, RequestFinished)
 
         self.now = 0.0
         self.stop_s = math.inf
-        self._arrivals: list = []
         self._timers: list = []
-        self._seq = 0
         self._waking: dict[int, float] = {}  # instance -> time of its pending plan event
         self.requests: dict[str, Request] = {}
         self.finish_callbacks: list[Callable[[Request, float], None]] = []
@@ -149,7 +147,28 @@ class Engine:
         held to be sent on, as a P/D prefill's is: `disagg.py` releases it then)."""
         req = event.request
         if not self.schedulers[req.rank].hold_kv_on_finish:
-            self.data_plane.release(req.request_id)
+            self.outbox.release(req.request_id)
+
+    def release(self, request_id: str) -> None:
+        """The data plane may drop a request's per-request state (with the next step)."""
+        self.outbox.release(request_id)
+
+    def flush_commands(self) -> None:
+        """Deliver the commands queued for the data plane now (before reading or moving
+        its bytes from outside a step, e.g. a P/D hand-over)."""
+        self.outbox.flush()
+
+    def request_kv(self, req: Request, layer: int, gpu: int):
+        """Compute plane: what GPU `gpu` holds of request `req`'s KV in `layer` — the
+        positions it owns (all of them, or its DCP shard) and, per cache tensor, their
+        entries. A finished request's KV is what is still cached of it (whole blocks); a
+        sliding-window layer holds only the positions its window table still has pages
+        for (none once the request finished)."""
+        self.outbox.flush()
+        kv = self.schedulers[req.rank].kv
+        table, n = kv.held_blocks(req)
+        window = kv.window_table(req.request_id) if kv.window is not None else None
+        return self.data_plane.request_kv(req.rank, table, n, layer, gpu, window)
 
     def _cost_model(self, choice):
         """The step model: "calibrated" (default: layer by layer from kernels fitted on
@@ -180,10 +199,10 @@ class Engine:
         out.update(hybrid_summary(self.schedulers))
         return out
 
-    def _prefix_sources(self, backend: str) -> Offload | None:
+    def _prefix_sources(self) -> Offload | None:
         """Where else a prefix may come from (`transfer.py`): another DP rank's cache
         (session_kv_migration="fetch") and the node's offload tiers (cpu_kv_gib)."""
-        compute = backend == "compute"
+        compute = self.data_plane.computes
         sources, offload = [], None
         # the compute plane copies full-attention blocks only: window and linear-state
         # models recompute instead
@@ -191,7 +210,7 @@ class Engine:
         if self.config.session_kv_migration == "fetch" and not partial:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
-                                       self.data_plane.copy_kv if compute else None))
+                                       self.outbox.copy_blocks if compute else None))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
                               self.block_size, self.block_layout, self.layout.num_dp_ranks,
@@ -203,9 +222,9 @@ class Engine:
             if self.model.linear_layers:
                 offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
             if compute:
-                offload.on_moves = self.data_plane.tier_bytes(self.config.kv_offload_dir)
-                offload.intact = offload.on_moves.intact
-                offload.fetch = offload.on_moves.fetch
+                tiers = self.data_plane.tiers
+                offload.on_moves = self.outbox.before(tiers)  # after the queued copies
+                offload.intact, offload.fetch = tiers.intact, tiers.fetch
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload
@@ -227,13 +246,17 @@ class Engine:
         clock = opts.get("clock", "measured")
         return ComputeDataPlane(
             self.model, self.layout, self.config, self.num_blocks, self.block_size,
-            kv_manager=lambda dp: self.schedulers[dp].kv,
             device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
             cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
 
     @property
     def gpus(self) -> int:
         return self.layout.gpus
+
+    @property
+    def computes(self) -> bool:
+        """Does the data plane run real tensors (calls need token ids, produce tokens)?"""
+        return self.data_plane.computes
 
     @property
     def running_slots(self) -> int:
@@ -278,43 +301,6 @@ class Engine:
         return float(self.cost_model.step_timing(StepWork.from_batches([batch]),
                                                  False).duration[0])
 
-    # -------------------------------------------------------------- feeding
-    def submit(self, req: Request, at: float | None = None) -> None:
-        """Schedule req to reach the router at time `at` (default: now)."""
-        at = self.now if at is None else at
-        if at < self.now:
-            raise ValueError(f"cannot submit {req.request_id} in the past ({at} < {self.now})")
-        req.arrival_s = at
-        req.status = Status.PENDING
-        req.max_tokens = req.num_prompt_tokens + req.max_output_tokens + \
-            self.config.num_speculative_tokens
-        self._seq += 1
-        req.seq = self._seq
-        self.requests[req.request_id] = req
-        heapq.heappush(self._arrivals, (at, req.seq, req))
-
-    def submit_prompt(self, token_ids, max_output_tokens: int, request_id: str | None = None,
-                      at: float | None = None, session_id: str | None = None) -> Request:
-        """Submit one call given by its token ids, or by its text when the model's folder
-        has a tokenizer (`labkit.tokenizer`; its block keys are hashed from the ids, so
-        equal prefixes hit the prefix cache); the compute plane generates its output.
-        Returns the Request (its `output_token_ids` fill in as it runs)."""
-        if isinstance(token_ids, str):
-            if self.tokenizer is None:
-                raise no_tokenizer(self.model)
-            token_ids = self.tokenizer.encode(token_ids)
-        token_ids = _check_prompt(token_ids, self.model.vocab_size)
-        checks.integer("max_output_tokens", max_output_tokens, low=1)
-        request_id = request_id or f"prompt-{len(self.requests)}"
-        self.check_fits(request_id, len(token_ids), max_output_tokens)
-        req = Request(request_id=request_id, session_id=session_id or request_id,
-                      num_prompt_tokens=len(token_ids), max_output_tokens=max_output_tokens,
-                      arrival_s=self.now if at is None else at)
-        req.prompt_token_ids = token_ids
-        req.keys = TokenBlockKeys(token_ids, self.block_size)
-        self.submit(req, at=at)
-        return req
-
     # -------------------------------------------------------------- running
     def step(self) -> bool:
         """Process events up to and including the next committed step (or run).
@@ -330,7 +316,13 @@ class Engine:
 
     def has_events(self, before: float | None = None) -> bool:
         """Is anything left to happen before `before` (default: `stop_s`)?"""
-        return self._next_time() < (self.stop_s if before is None else before)
+        return self.next_event_time() < (self.stop_s if before is None else before)
+
+    def process_event(self) -> str | None:
+        """Process the next event before `stop_s`; returns its kind ("arrival",
+        "commit": a step ended, "plan"), or None when none is left."""
+        kind = self._process_next()
+        return None if kind is None else EVENT_KINDS[kind]
 
     def run_until(self, t: float = math.inf) -> None:
         """Process every event before time t (everything, by default)."""
@@ -338,7 +330,7 @@ class Engine:
         while self._process_next() is not None:
             pass
 
-    def _next_time(self) -> float:
+    def next_event_time(self) -> float:
         """When the next live event happens (inf when none is left)."""
         self._drop_stale_timers()
         a = self._arrivals[0][0] if self._arrivals else math.inf
@@ -351,6 +343,12 @@ class Engine:
             heapq.heappop(self._timers)  # that plan was cut short and rescheduled
 
     def _process_next(self):
+        kind = self._process_event()
+        if kind is None:  # nothing more to run now: the data plane catches up
+            self.outbox.flush()
+        return kind
+
+    def _process_event(self):
         self._drop_stale_timers()
         arrival = self._arrivals[0] if self._arrivals else None
         timer = self._timers[0] if self._timers else None
@@ -473,21 +471,6 @@ def _check_offload_dir(config: EngineConfig, backend: str) -> None:
     if not config.disk_kv_gib:
         raise ConfigError("kv_offload_dir is where the disk tier writes its blocks: set "
                           "disk_kv_gib (and cpu_kv_gib) too, or drop it")
-
-
-def _check_prompt(token_ids, vocab_size: int) -> list[int]:
-    """A prompt's token ids as ints, refused when empty or outside [0, vocab_size)."""
-    try:
-        ids = [operator.index(t) for t in token_ids]
-    except TypeError:
-        raise ConfigError("token_ids must be integers") from None
-    if not ids:
-        raise ConfigError("token_ids is empty: a prompt needs at least one token")
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ConfigError(f"token id {bad} is outside the model's vocabulary "
-                          f"[0, {vocab_size})")
-    return ids
 
 
 def _with_dcp_knob(layout: Layout, dcp: int | None) -> Layout:

@@ -15,11 +15,11 @@ A hybrid model keeps more than the full-attention KV every model has (see
 
 from __future__ import annotations
 
-import functools
 import math
 
 from labkit.engine.kv.sliding_window import SlidingWindow
 from labkit.engine.kv.state_snapshots import StateSnapshots
+from labkit.engine.step_io import RestoreState, SaveState
 
 SNAPSHOT_STATS = ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space", "hits",
                   "tokens_recomputed")
@@ -40,10 +40,28 @@ def attach_hybrid_kv(engine) -> None:
                               / (bs * placement.kv_bytes_per_token_per_gpu()))
             s.kv.snapshots = snaps = StateSnapshots(
                 s.kv.pool, pages, engine.config.linear_state_retention)
-            if engine.backend == "compute":  # the states are real tensors: copy them
-                plane = engine.data_plane
-                snaps.on_saved = functools.partial(plane.save_linear_state, s.rank)
-                snaps.on_restored = functools.partial(plane.restore_linear_state, s.rank)
+            if engine.data_plane.computes:  # the states are real tensors: copy them
+                commands = SnapshotCommands(engine.outbox, s.rank, snaps)
+                snaps.on_saved, snaps.on_restored = commands.saved, commands.restored
+
+
+class SnapshotCommands:
+    """A rank's snapshot saves and restores, as commands for a data plane that holds the
+    states (`step_io.SaveState` / `RestoreState`). A save also names the snapshots the
+    plane was told of that the pool has evicted since, so the plane can drop them."""
+
+    def __init__(self, outbox, rank: int, snapshots: StateSnapshots) -> None:
+        self.outbox, self.rank, self.snapshots = outbox, rank, snapshots
+        self.sent: set[int] = set()
+
+    def saved(self, key: int, request_id: str, position: int) -> None:
+        dropped = sorted(k for k in self.sent if not self.snapshots.has(k))
+        self.sent.difference_update(dropped)
+        self.sent.add(key)
+        self.outbox.send(SaveState(self.rank, key, request_id, position, dropped))
+
+    def restored(self, key: int, request_id: str, position: int) -> None:
+        self.outbox.send(RestoreState(self.rank, key, request_id, position))
 
 
 def hybrid_summary(schedulers) -> dict:

@@ -6,8 +6,9 @@ among all of them, so they run each step in **lockstep** — a step lasts as lon
 slowest rank, the others *stall* for the difference, and a rank with nothing to do
 runs a one-token dummy step so the collectives still line up.
 
-A step is first *planned* (each rank's scheduler picks its batch and the data plane
-predicts or measures how long it takes), then *committed* when its end time comes
+A step is first *planned* (each rank's scheduler picks its batch, the batches and the
+commands queued since the last step go to the data plane as one `StepInput`, and the
+`StepOutput` says how long the step takes), then *committed* when its end time comes
 (tokens emitted, requests finished). When every rank is in steady decode, the plan
 may cover a whole run of steps (see `decode_run.py`).
 
@@ -32,6 +33,7 @@ import numpy as np
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
 from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepStarted
 from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_message import Outbox, step_input
 
 MAX_RUN_STEPS = 512
 MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
@@ -48,6 +50,7 @@ class Plan:
     batches: list | None = None  # a single step
     accepted: int = 0
     run: DecodeRun | None = None  # a fast-forwarded run
+    tokens: dict | None = None  # computed: request id -> the token ids it produced
 
     @property
     def steps(self) -> int:
@@ -56,11 +59,15 @@ class Plan:
 
 class Instance:
     def __init__(self, index: int, ranks: list[int], schedulers: list, data_plane,
-                 config, events: EventBus) -> None:
+                 config, events: EventBus, outbox: Outbox | None = None,
+                 kv_bytes_per_block: float = 0.0) -> None:
+        """`outbox`: the engine's commands for the data plane (they ride on the next
+        step); `kv_bytes_per_block`: one block's bytes per GPU (for the step events)."""
         self.index = index
         self.ranks = ranks
         self.schedulers = schedulers
         self.data_plane = data_plane
+        self.outbox = outbox
         self.config = config
         self.events = events
         self.lockstep = len(schedulers) > 1
@@ -70,7 +77,7 @@ class Instance:
         self.plan: Plan | None = None
         self.plan_version = 0  # bumped when a plan is made or cut short
         self.kv_total = np.array([s.kv.num_blocks for s in schedulers], dtype=np.int64)
-        self.kv_bytes_per_block = 0.0  # per GPU; set by the engine from its placement
+        self.kv_bytes_per_block = kv_bytes_per_block
         self.last_step = (-1.0, -1.0)  # (start, end) of the latest committed step
 
     def has_work(self) -> bool:
@@ -142,13 +149,16 @@ class Instance:
         work = StepWork.from_batches(batches)
         if work.idle.all():
             return None  # nothing can run yet (KV still being fetched); see next_ready_s
-        timing = self.data_plane.execute(batches, work, self.lockstep)
+        out = self.data_plane.execute(step_input(batches, self.schedulers, work, self.lockstep,
+                                                 self.outbox, self.data_plane.computes))
+        timing = out.timing
         cum = accepted_before(self.step_index, 1, self.acceptance)
         accepted = int(cum[1])
         kv_used = np.array([[s.kv.pool.num_used for s in self.schedulers]], dtype=np.int64)
         end = now + float(timing.duration[0])
-        finishes = any(_finishes(b, accepted, timing.tokens) for b in batches)
-        return Plan(now, end, finishes, timing, work, kv_used, batches, accepted)
+        finishes = any(_finishes(b, accepted, out.tokens) for b in batches)
+        return Plan(now, end, finishes, timing, work, kv_used, batches, accepted,
+                    tokens=out.tokens)
 
     # ---------------------------------------------------------------- commit
     def commit(self, plan: Plan) -> list:
@@ -173,7 +183,7 @@ class Instance:
             for s, batch in zip(self.schedulers, plan.batches):
                 s.now = plan.end
                 s.kv.set_time(plan.end)
-                finished += s.update(batch, plan.accepted, plan.end, plan.timing.tokens)
+                finished += s.update(batch, plan.accepted, plan.end, plan.tokens)
             self._emit_steps(plan, 0, 1)
         self.plan = None
         return finished

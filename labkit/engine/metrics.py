@@ -227,7 +227,7 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
 
     # Requests scheduled to arrive after the run ended never existed for it.
     requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
-    table = request_rows(requests, with_tokens=engine.backend == "compute")
+    table = request_rows(requests, with_tokens=engine.computes)
     steps = engine.step_recorder.frame()
     in_window = [r for r in requests if r.arrival_s >= warmup_s]
     itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)

@@ -134,7 +134,7 @@ class TraceFeeder:
             num_prompt_tokens=tr.input_length, max_output_tokens=tr.output_length,
             arrival_s=at, kind=tr.kind, parent_id=parent, priority=tr.priority, trace=tr,
         )
-        if self.engine.backend == "compute":
+        if self.engine.computes:
             self._real_tokens(req, tr, epoch, parent)
         else:
             req.keys = self._keys(tr, epoch)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.engine.compute.drafter import ngram_drafts
+from labkit.engine.drafter import ngram_drafts
 from labkit.engine.compute.linear_state import LinearStates
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models import init_weights

@@ -107,7 +107,7 @@ def test_request_kv_of_a_sliding_layer_is_its_window():
     while req.num_computed_tokens < 3 * spec.sliding_window:  # three 32-token chunks
         assert eng.step()
     n, B = req.num_computed_tokens, spec.block_size
-    positions, entries = eng.data_plane.request_kv(req, 0, 0)
+    positions, entries = eng.request_kv(req, 0, 0)
     first = int(positions[0])
     assert positions.tolist() == list(range(first, n)) and first % B == 0
     assert 0 < first <= (n - spec.sliding_window + 1) // B * B  # the next query's window
@@ -118,7 +118,7 @@ def test_request_kv_of_a_sliding_layer_is_its_window():
     _, k, v = gqa_qkv(h, w, spec.head_dim, torch.arange(n), cfg.rope, cfg.rms_norm_eps)
     torch.testing.assert_close(entries["k"], k[first:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entries["v"], v[first:], rtol=1e-5, atol=1e-5)
-    assert eng.data_plane.request_kv(req, 1, 0)[0].tolist() == list(range(n))
+    assert eng.request_kv(req, 1, 0)[0].tolist() == list(range(n))
 
 
 def w_embed(eng):

@@ -43,22 +43,24 @@ class CommitChecker:
     rank's next step starts (its previous one has committed by then) checks that no
     request gained more KV or tokens than it was given."""
 
-    def __init__(self, plane) -> None:
+    def __init__(self, plane, requests: dict) -> None:
         self.plane = plane
+        self.requests = requests  # the engine's, by id (the step message names them)
         self.pending: dict[int, list] = {}  # rank -> entries of its step in flight
         self.checked = 0
 
     def __getattr__(self, name):
         return getattr(self.plane, name)
 
-    def execute(self, batches, work=None, lockstep=False):
-        for b in batches:
+    def execute(self, step):
+        for b in step.ranks:
             self.check(b.rank)
+            reqs = [self.requests[rid] for rid in b.request_ids]
             self.pending[b.rank] = [
                 (req, n, decode, req.num_computed_tokens, req.num_output_tokens,
                  req.num_preemptions)
-                for req, n, decode in zip(b.requests, b.num_new_tokens, b.is_decode)]
-        return self.plane.execute(batches, work, lockstep)
+                for req, n, decode in zip(reqs, b.num_new_tokens, b.is_decode)]
+        return self.plane.execute(step)
 
     def check(self, rank: int | None = None) -> None:
         ranks = [rank] if rank is not None else list(self.pending)
@@ -95,7 +97,7 @@ def check_kv(engine: Engine) -> None:
 
 
 def armed(engine: Engine) -> CommitChecker:
-    checker = CommitChecker(engine.data_plane)
+    checker = CommitChecker(engine.data_plane, engine.requests)
     for inst in engine.instances:
         inst.data_plane = checker
     return checker

@@ -6,10 +6,9 @@ import pytest
 
 from labkit import Engine, generate_agentx_trace
 from labkit.engine.kv.packing import DMA_DESCRIPTOR_S
-from labkit.engine.scheduler import RankBatch
+from labkit.engine.step_io import RankStep
 from labkit.engine.sim.hisparse import (
     CHURN, HOST_SHARE, HiSparse, index_bytes_per_token_per_gpu, latent_bytes_per_token_per_gpu)
-from labkit.engine.request import Request
 from labkit.errors import ConfigError
 
 GIB = 2**30
@@ -42,10 +41,7 @@ def test_the_selection_is_sink_hot_blocks_and_the_recent_window():
 def test_buffer_hits_and_the_bytes_and_seconds_of_the_misses():
     e = engine()
     hs = model_of(e)
-    req = Request("r", "s", 50_000, 10, 0.0)
-    batch = RankBatch(0)
-    batch.add(req, 1, True)
-    batch.contexts[0] = 50_000
+    batch = RankStep(0, ["r"], [1], [50_000], [True])  # one decode after 50k tokens
     cold = hs.rank_seconds(batch)
     selected = hs.stats.selected_blocks
     assert hs.stats.hit_blocks == 0 and hs.stats.loaded_blocks == selected == hs.topk_blocks

@@ -15,9 +15,12 @@ Then, on the host:
   `clock="predicted"` runs the tensors but keeps the cost model's durations, so a
   compute replay schedules exactly like the simulated one of the same cluster.
 
-Before a step, copy-on-write pairs the KV manager queued (`req.pending_copies`) are
-applied on every GPU of the replica; a session's KV fetched from another DP rank is
-copied block by block when the scheduler decides to fetch it (`copy_kv`).
+Everything a step needs arrives in its message (`engine/step_io.py`): each request's
+new token ids, block table, window table, state marks and copy-on-write pairs, and the
+commands the control plane queued since the last step (a session's KV fetched from
+another DP rank, copied block by block; linear-state snapshots saved and restored;
+finished requests released), which `apply` carries out, in order, before the forward.
+The plane never reads the control plane's objects.
 
 Sliding-window models (gpt-oss): a step's entries carry a second block table, the KV
 manager's `window_table` (pages of the sliding layers, -1 once a block left the
@@ -33,7 +36,6 @@ import time
 import numpy as np
 import torch
 
-from labkit.engine.compute.drafter import ngram_drafts
 from labkit.engine.compute.group import VirtualCluster
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
@@ -46,7 +48,9 @@ from labkit.engine.compute.rank_model import rank_forward
 from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
-from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.sim.work import StepTiming
+from labkit.engine.step_io import CopyBlocks, Release, RestoreState, SaveState, StepInput, \
+    StepOutput
 from labkit.errors import ConfigError, unknown_choice
 
 CLOCKS = ("measured", "predicted")
@@ -57,15 +61,16 @@ MEASURED_MIN_STEP_S = 1e-6
 
 
 class ComputeDataPlane:
+    computes = True
     supports_runs = False  # real kernels cannot cost a run of steps without running it
 
     def __init__(self, spec, layout, config, num_blocks: int, block_size: int, *,
-                 kv_manager, device: str = "cpu", dtype: str = "float32",
+                 device: str = "cpu", dtype: str = "float32",
                  clock: str = "measured", cost_model=None, checkpoint=None,
                  weights: dict | None = None) -> None:
-        """`kv_manager(dp_rank)` is that DP rank's KV manager (whose block ids index
-        the paged caches); `weights` (full, unsharded) or a safetensors `checkpoint` replace
-        the seeded random weights."""
+        """The paged caches hold `num_blocks` blocks of `block_size` tokens (the ids the
+        KV manager hands out); `weights` (full, unsharded) or a safetensors `checkpoint`
+        replace the seeded random weights."""
         if clock not in CLOCKS:
             raise unknown_choice("clock", clock, CLOCKS)
         if clock == "predicted" and cost_model is None:
@@ -75,7 +80,6 @@ class ComputeDataPlane:
         self.dtype = check_dtype(dtype)
         self.clock, self.cost_model = clock, cost_model
         self.block_size, self.num_blocks = block_size, num_blocks
-        self.kv_manager = kv_manager
         check_computable(spec)
         check_window_support(spec, layout)
         if layout.kvpp > 1:
@@ -98,7 +102,8 @@ class ComputeDataPlane:
         self.seconds = {"host": 0.0, "forward": 0.0, "collectives": 0.0}
         self.accepted_drafts = 0
         self.proposed_drafts = 0
-        self.tiers: TierBytes | None = None  # the offload tiers' bytes, when configured
+        # the offload tiers' bytes (host tensors, block files), when tiers are configured
+        self.tiers = self._tier_bytes(config.kv_offload_dir) if config.cpu_kv_gib else None
 
     def _build_rank(self, place, full: dict) -> Rank:
         w = rank_weights(self.spec, full, place, self.layout, self.device)
@@ -119,8 +124,10 @@ class ComputeDataPlane:
         return max(r.kv.nbytes for r in self.ranks)
 
     # ------------------------------------------------------------------ step
-    def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
+    def execute(self, step: StepInput) -> StepOutput:
         t0 = time.perf_counter()
+        self.apply(step.commands)
+        batches = step.ranks
         steps = {b.rank: self._step_batch(b) for b in batches}
         gpus = [g for b in batches for g in self.mesh.replica_gpus(b.rank)]
         before = {g: self._comm_s(g) for g in gpus}
@@ -134,12 +141,11 @@ class ComputeDataPlane:
         for b in batches:
             tokens.update(self._sample(steps[b.rank], logits.get(b.rank, {})))
         self.steps += 1
-        timing = self._timing(batches, work, lockstep, gpus, elapsed, before, t2 - t1)
-        timing.tokens = tokens
+        timing = self._timing(step, gpus, elapsed, before, t2 - t1)
         self.seconds["forward"] += t2 - t1
         self.seconds["collectives"] += max(self._comm_s(g) - before[g] for g in gpus)
         self.seconds["host"] += (t1 - t0) + (time.perf_counter() - t2)
-        return timing
+        return StepOutput(timing, tokens)
 
     def _timed_forward(self, gpu: int, batch: StepBatch):
         start = time.perf_counter()
@@ -147,27 +153,18 @@ class ComputeDataPlane:
         return time.perf_counter() - start, out
 
     def _step_batch(self, b) -> StepBatch:
+        """One DP rank's part of the message (`RankStep`) as the tensors' view of it."""
         replica = self.mesh.replica_gpus(b.rank)
         entries, token_ids = [], []
-        for req, n, ctx, decode in zip(b.requests, b.num_new_tokens, b.contexts, b.is_decode):
-            if req.pending_copies:
+        for i, rid in enumerate(b.request_ids):
+            if b.copies[i]:  # copy-on-write: the request's private copy of a shared block
                 for g in replica:
-                    self.ranks[g].kv.copy_blocks(req.pending_copies)
-            stream = req.token_ids
-            if decode:
-                new = [stream[ctx]] + ngram_drafts(stream[:ctx + 1], n - 1)
-            else:
-                new = stream[ctx:ctx + n]
-            kv = self.kv_manager(b.rank)
-            table = kv.table(req.request_id)
-            window = kv.window_table(req.request_id) if kv.window is not None else None
-            samples = not decode and ctx + n == req.num_tokens
-            marks = ()
-            if self.spec.linear_layers and kv.snapshots is not None and not decode:
-                marks = self._state_marks(kv, req, ctx, n)
-            entries.append(Entry(req.request_id, ctx, n, decode, table, samples,
-                                 window_table=window, state_marks=marks))
-            token_ids.extend(new)
+                    self.ranks[g].kv.copy_blocks(b.copies[i])
+            entries.append(Entry(rid, b.contexts[i], b.num_new_tokens[i], b.is_decode[i],
+                                 b.block_tables[i], b.samples[i],
+                                 window_table=b.window_tables[i],
+                                 state_marks=b.state_marks[i]))
+            token_ids.extend(b.token_ids[i])
         return StepBatch(entries, token_ids, self.block_size, self.layout.pcp, self.device)
 
     def _collect(self, gpus, outs) -> dict[int, dict[int, torch.Tensor]]:
@@ -213,10 +210,10 @@ class ComputeDataPlane:
         return sum(g.comm_s for g in {id(x): x for x in (r.tp, r.pcp, r.dcp, r.ep, r.pp)}
                    .values())
 
-    def _timing(self, batches, work, lockstep, gpus, elapsed, before, wall) -> StepTiming:
+    def _timing(self, step: StepInput, gpus, elapsed, before, wall) -> StepTiming:
+        batches, lockstep = step.ranks, step.lockstep
         if self.clock == "predicted":
-            work = work if work is not None else StepWork.from_batches(batches)
-            return self.cost_model.step_timing(work, lockstep)
+            return self.cost_model.step_timing(step.work, lockstep)
         busy = np.zeros((1, len(batches)))
         comm = np.zeros((1, len(batches)))
         for i, b in enumerate(batches):
@@ -227,69 +224,70 @@ class ComputeDataPlane:
         return StepTiming(busy, np.maximum(busy - comm, 0), comm, duration,
                           np.zeros((1, len(batches))))
 
-    # ------------------------------------------------------------ inspection
-    # ------------------------------------------------- linear-state snapshots
-    def _state_marks(self, kv, req, ctx: int, n: int) -> tuple[int, ...]:
-        """Where a prompt chunk must stop to keep the linear state: its last block
-        boundary (a call ending soon snapshots there) and the boundary the control
-        plane wants a snapshot at (a prefix seen the second time)."""
-        bs, end = self.block_size, ctx + n
-        wanted = {end // bs * bs, kv.snapshot_boundary(req.request_id) * bs}
-        return tuple(sorted(p for p in wanted if ctx < p < end))
+    # ------------------------------------------------------------- commands
+    def apply(self, commands: list) -> None:
+        """Carry out the control plane's commands, in the order it decided them."""
+        for c in commands:
+            if isinstance(c, CopyBlocks):
+                self.copy_kv(c.src_dp, c.dst_dp, c.src_blocks, c.dst_blocks)
+            elif isinstance(c, SaveState):
+                self._save_linear_state(c)
+            elif isinstance(c, RestoreState):
+                for g in self.mesh.replica_gpus(c.dp):
+                    if self.ranks[g].snapshots.layers:
+                        self.ranks[g].snapshots.restore(c.key, c.request_id, c.position)
+            elif isinstance(c, Release):
+                self.release(c.request_id)
+            else:
+                raise ValueError(f"unknown data-plane command {c!r}")
 
-    def restore_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
-        """A request on DP rank dp resumes from the snapshot after `position` tokens."""
-        for g in self.mesh.replica_gpus(dp):
-            if self.ranks[g].snapshots.layers:
-                self.ranks[g].snapshots.restore(key, request_id, position)
-
-    def save_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
-        """The control plane saved a snapshot: copy the state on DP rank dp's GPUs,
-        and drop the copies of snapshots it has evicted since."""
-        alive = self.kv_manager(dp).snapshots.has
-        for g in self.mesh.replica_gpus(dp):
+    def _save_linear_state(self, c: SaveState) -> None:
+        """The control plane saved a snapshot: copy the state on DP rank dp's GPUs, and
+        drop the copies of snapshots it has evicted since."""
+        dropped = set(c.dropped)
+        for g in self.mesh.replica_gpus(c.dp):
             snapshots = self.ranks[g].snapshots
             if snapshots.layers:
-                snapshots.save(key, request_id, position)
-                snapshots.prune(alive)
+                snapshots.save(c.key, c.request_id, c.position)
+                snapshots.prune(lambda key: key not in dropped)
 
-    def request_kv(self, req, layer: int, gpu: int) -> tuple[np.ndarray, dict]:
-        """What GPU `gpu` holds of request `req`'s KV in `layer`: the positions it owns
-        (all of them, or its DCP shard) and, per cache tensor, their entries. A
-        finished request's KV is what is still cached of it (whole blocks). A
-        sliding-window layer holds only the positions its window table still has pages
-        for (none once the request finished)."""
+    # ------------------------------------------------------------ inspection
+    def request_kv(self, dp: int, table, num_tokens: int, layer: int, gpu: int,
+                   window_table=None) -> tuple[np.ndarray, dict]:
+        """What GPU `gpu` holds in `layer` of a request's KV on DP rank `dp`, whose first
+        `num_tokens` tokens sit in the blocks `table` (for a sliding-window layer: in
+        `window_table`, -1 where a block left the window): the positions it owns (all of
+        them, or its DCP shard) and, per cache tensor, their entries. The control plane
+        says which blocks (`Engine.request_kv` asks its KV manager)."""
         place = self.mesh.places[gpu]
-        if req.rank != place.dp:
-            raise ValueError(f"{req.request_id} runs on DP rank {req.rank}; GPU {gpu} "
+        if dp != place.dp:
+            raise ValueError(f"the request runs on DP rank {dp}; GPU {gpu} "
                              f"belongs to DP rank {place.dp}")
         if layer not in self.ranks[gpu].kv.layers:
             raise ValueError(f"GPU {gpu} holds no paged KV of layer {layer} (its layers: "
                              f"{sorted(self.ranks[gpu].kv.layers)})")
-        kv, manager = self.ranks[gpu].kv, self.kv_manager(place.dp)
-        table, n = manager.held_blocks(req)
-        positions = np.nonzero(kv.owned(np.arange(n)))[0]
+        kv = self.ranks[gpu].kv
+        positions = np.nonzero(kv.owned(np.arange(num_tokens)))[0]
         if self.spec.is_sliding_layer(layer):  # (no DCP: positions are local indices)
-            table = manager.window_table(req.request_id)
+            table = window_table if window_table is not None else np.zeros(0, np.int32)
             positions = positions[positions < len(table) * self.block_size]
             positions = positions[table[positions // self.block_size] >= 0]
         entries = {name: kv.gather_at(layer, name, table, kv.local_index(positions))
                    for name in kv.layers[layer]}
         return positions, entries
 
-    # ------------------------------------------------------------ engine hooks
+    # ------------------------------------------------------------ bytes
     def copy_kv(self, src_dp: int, dst_dp: int, src_blocks, dst_blocks) -> None:
         """A session's prefix KV, fetched from DP rank src_dp's GPUs to dst_dp's."""
         for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
             self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
 
-    def tier_bytes(self, directory: str | None = None) -> TierBytes:
-        """The KV offload tiers' bytes (host tensors, block files), kept in step with
-        the control plane's tier moves; closed with the plane."""
+    def _tier_bytes(self, directory: str | None) -> TierBytes:
+        """The KV offload tiers' bytes, kept in step with the control plane's tier
+        moves; closed with the plane."""
         identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
                                self.block_size, self.device, self.weights_id)
-        self.tiers = TierBytes(self, directory, identity, self.config.kv_offload_strict)
-        return self.tiers
+        return TierBytes(self, directory, identity, self.config.kv_offload_strict)
 
     def release(self, request_id: str) -> None:
         for r in self.ranks:

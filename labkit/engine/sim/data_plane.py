@@ -1,8 +1,9 @@
 """The simulated data plane: steps take the time a cost model predicts.
 
-No tensors exist here. `execute` receives the ranks' batches for one step, reduces
-them to a `StepWork` and asks the cost model how long each rank is busy; the engine's
-virtual clock advances by the step's duration. Because the work of a steady decode
+No tensors exist here. `execute` receives the step message (`step_io.StepInput`),
+whose `StepWork` sums up what each rank computes, and asks the cost model how long
+each rank is busy; the engine's virtual clock advances by the step's duration. There
+are no bytes to copy, so commands are no-ops. Because the work of a steady decode
 step is known in advance, this plane can also cost whole runs of them at once
 (`supports_runs`), which the compute plane, running real kernels, cannot.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_io import StepInput, StepOutput
 
 
 class StepCostModel(Protocol):
@@ -30,6 +32,7 @@ class StepCostModel(Protocol):
 
 
 class SimDataPlane:
+    computes = False
     supports_runs = True
 
     def __init__(self, cost_model: StepCostModel) -> None:
@@ -39,6 +42,11 @@ class SimDataPlane:
     def min_step_s(self) -> float:
         return self.cost_model.min_step_s
 
-    def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
-        work = work if work is not None else StepWork.from_batches(batches)
-        return self.cost_model.step_timing(work, lockstep)
+    def execute(self, step: StepInput) -> StepOutput:
+        return StepOutput(self.cost_model.step_timing(step.work, step.lockstep))
+
+    def apply(self, commands: list) -> None:
+        """Nothing to copy or release: the simulated cluster holds no bytes."""
+
+    def close(self) -> None:
+        pass

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.sim.work import StepWork
 from labkit.errors import ConfigError
 from labkit.specs.models import INDEXER_SCALE_BYTES
 
@@ -159,12 +158,14 @@ class HiSparse:
         return misses
 
     # ------------------------------------------------------------------ cost
-    def rank_seconds(self, batch) -> float:
-        """The PCIe copies one rank's batch needs before its attention can run."""
+    def rank_seconds(self, rank_step) -> float:
+        """The PCIe copies one rank's step (`step_io.RankStep`) needs before its
+        attention can run."""
         blocks = 0
-        for req, ctx, decode in zip(batch.requests, batch.contexts, batch.is_decode):
+        for rid, ctx, decode in zip(rank_step.request_ids, rank_step.contexts,
+                                    rank_step.is_decode):
             if decode:
-                blocks += self._decode_misses(req.request_id, ctx)
+                blocks += self._decode_misses(rid, ctx)
             elif ctx:
                 streamed = math.ceil(ctx / self.block_size)
                 self.stats.prefill_streamed_blocks += streamed
@@ -193,6 +194,7 @@ class HiSparse:
 class HiSparseDataPlane:
     """The sim data plane with HiSparse's copies added to each rank's step."""
 
+    computes = False
     supports_runs = False  # each step's selection is drawn as it runs
 
     def __init__(self, inner, hisparse: HiSparse) -> None:
@@ -203,10 +205,17 @@ class HiSparseDataPlane:
     def min_step_s(self) -> float:
         return self.inner.min_step_s
 
-    def execute(self, batches, work: StepWork | None = None, lockstep: bool = False):
-        timing = self.inner.execute(batches, work, lockstep)
-        extra = np.array([self.hisparse.rank_seconds(b) for b in batches])
+    def execute(self, step):
+        out = self.inner.execute(step)
+        timing = out.timing
+        extra = np.array([self.hisparse.rank_seconds(r) for r in step.ranks])
         timing.busy[0] += extra
         timing.compute[0] += extra
         timing.duration[0] = timing.busy[0].max()  # the slowest rank (lockstep or alone)
-        return timing
+        return out
+
+    def apply(self, commands: list) -> None:
+        self.inner.apply(commands)
+
+    def close(self) -> None:
+        self.inner.close()

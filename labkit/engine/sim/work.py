@@ -87,7 +87,6 @@ class StepTiming:
     comm: np.ndarray
     duration: np.ndarray  # (steps,)
     temporary_kv_bytes: np.ndarray
-    tokens: dict | None = None  # compute plane: request id -> token ids it produced
 
     @property
     def stall(self) -> np.ndarray:

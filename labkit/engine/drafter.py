@@ -1,6 +1,6 @@
 """Draft tokens for speculative decoding: n-gram prompt lookup.
 
-When the scheduler gives a decoding request `1 + k` tokens, the compute plane must
+When the scheduler gives a decoding request `1 + k` tokens, the control plane must
 supply k guesses for the tokens after its last one; the model then verifies them all
 in one step (greedy: a draft is accepted while it equals the model's own argmax, and
 the first disagreement is replaced by the model's token). Whatever the drafts are, the
