@@ -3,7 +3,8 @@
 Where the simulated plane asks a cost model how long a step takes, this one runs it.
 Each GPU of the layout is a `Rank` (its weight slices, its paged KV, linear-attention
 states) and a step is SPMD: every GPU of the stepping replicas runs `rank_forward` on
-its own thread of a `VirtualCluster`, talking to its peers only through collectives.
+its own thread of a `VirtualCluster` (`executor="threads"`) or in its own process
+(`executor="mp"`, see executors.py), talking to its peers only through collectives.
 Then, on the host:
 
 - **sampling**: greedy (argmax, lowest id on ties) from the last stage's logits;
@@ -34,16 +35,12 @@ import numpy as np
 import torch
 
 from labkit.engine.compute.drafter import ngram_drafts
-from labkit.engine.compute.group import VirtualCluster
+from labkit.engine.compute.executors import (
+    RankPlan, check_executor, forward_step, kv_nbytes, make_executor, release_request,
+    restore_snapshot, save_snapshot)
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
-from labkit.engine.compute.models.checkpoint import load_safetensors
 from labkit.engine.compute.models.family import check_computable
-from labkit.engine.compute.models.weights import init_weights
-from labkit.engine.compute.paged_kv import PagedKV
-from labkit.engine.compute.rank import Rank
-from labkit.engine.compute.rank_model import rank_forward
-from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
 from labkit.engine.sim.work import StepTiming, StepWork
@@ -62,10 +59,12 @@ class ComputeDataPlane:
     def __init__(self, spec, layout, config, num_blocks: int, block_size: int, *,
                  kv_manager, device: str = "cpu", dtype: str = "float32",
                  clock: str = "measured", cost_model=None, checkpoint=None,
-                 weights: dict | None = None) -> None:
+                 weights: dict | None = None, executor: str = "threads") -> None:
         """`kv_manager(dp_rank)` is that DP rank's KV manager (whose block ids index
         the paged caches); `weights` (full, unsharded) or a safetensors `checkpoint` replace
-        the seeded random weights."""
+        the seeded random weights; `executor` threads|mp: ranks as threads of this
+        process or as processes over torch.distributed."""
+        check_executor(executor)
         if clock not in CLOCKS:
             raise unknown_choice("clock", clock, CLOCKS)
         if clock == "predicted" and cost_model is None:
@@ -82,14 +81,14 @@ class ComputeDataPlane:
             raise ConfigError(f"layout {layout.text!r}: the compute plane does not run kvpp yet")
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
-        self.cluster = VirtualCluster(self.mesh.world_size)
         # what the weights are, for the disk tier's namespace (kv_namespace.py)
         self.weights_id = weights_identity(config.seed, checkpoint, weights) \
             if config.disk_kv_gib else ""
-        if weights is None:
-            weights = (load_safetensors(checkpoint, spec, dtype=self.dtype) if checkpoint
-                       else init_weights(spec, config.seed, self.dtype))
-        self.ranks = [self._build_rank(place, weights) for place in self.mesh.places]
+        plan = RankPlan(spec, layout, config, num_blocks, block_size, self.device, self.dtype,
+                        checkpoint, weights)
+        self.executor = make_executor(executor, plan, self.mesh)
+        self.ranks = self.executor.ranks
+        self._snapshot_keys: dict[int, set[int]] = {}  # per DP rank: snapshots its GPUs hold
         self.record_logits = False
         self.logits: list[tuple[str, np.ndarray, torch.Tensor]] = []  # when recording
         self.steps = 0
@@ -100,59 +99,44 @@ class ComputeDataPlane:
         self.proposed_drafts = 0
         self.tiers: TierBytes | None = None  # the offload tiers' bytes, when configured
 
-    def _build_rank(self, place, full: dict) -> Rank:
-        w = rank_weights(self.spec, full, place, self.layout, self.device)
-        kv = PagedKV(kv_shapes(self.spec, w), self.num_blocks, self.block_size,
-                     self.layout.dcp, place.dcp_index if self.layout.dcp > 1 else 0,
-                     self.config.dcp_kv_cache_interleave_size, self.dtype, self.device)
-        c = self.cluster
-        groups = {name: c.group(getattr(place, f"{name}_group"), place.gpu)
-                  for name in ("tp", "pcp", "dcp", "ep", "pp")}
-        return Rank(place, self.mesh, w, kv, groups)
-
     @property
     def min_step_s(self) -> float:
         return self.cost_model.min_step_s if self.clock == "predicted" else MEASURED_MIN_STEP_S
 
     @property
     def kv_bytes_per_gpu(self) -> int:
-        return max(r.kv.nbytes for r in self.ranks)
+        gpus = list(range(self.mesh.world_size))
+        return max(self.executor.run(kv_nbytes, [()] * len(gpus), gpus))
 
     # ------------------------------------------------------------------ step
     def execute(self, batches, work: StepWork | None = None, lockstep: bool = False) -> StepTiming:
         t0 = time.perf_counter()
-        steps = {b.rank: self._step_batch(b) for b in batches}
+        copies = {b.rank: [] for b in batches}  # copy-on-write pairs, applied on the ranks
+        steps = {b.rank: self._step_batch(b, copies[b.rank]) for b in batches}
         gpus = [g for b in batches for g in self.mesh.replica_gpus(b.rank)]
-        before = {g: self._comm_s(g) for g in gpus}
         t1 = time.perf_counter()
-        results = self.cluster.run(self._timed_forward,
-                                   [(steps[self.mesh.places[g].dp],) for g in gpus], gpus)
+        dps = [self.mesh.places[g].dp for g in gpus]
+        results = self.executor.run(forward_step, [(steps[d], copies[d]) for d in dps], gpus)
         t2 = time.perf_counter()
         elapsed = dict(zip(gpus, (r[0] for r in results)))
-        logits = self._collect(gpus, [r[1] for r in results])
+        comm = dict(zip(gpus, (r[1] for r in results)))
+        logits = self._collect(gpus, [r[2] for r in results])
         tokens = {}
         for b in batches:
             tokens.update(self._sample(steps[b.rank], logits.get(b.rank, {})))
         self.steps += 1
-        timing = self._timing(batches, work, lockstep, gpus, elapsed, before, t2 - t1)
+        timing = self._timing(batches, work, lockstep, elapsed, comm, t2 - t1)
         timing.tokens = tokens
         self.seconds["forward"] += t2 - t1
-        self.seconds["collectives"] += max(self._comm_s(g) - before[g] for g in gpus)
+        self.seconds["collectives"] += max(comm.values())
         self.seconds["host"] += (t1 - t0) + (time.perf_counter() - t2)
         return timing
 
-    def _timed_forward(self, gpu: int, batch: StepBatch):
-        start = time.perf_counter()
-        out = rank_forward(self.ranks[gpu], batch)
-        return time.perf_counter() - start, out
-
-    def _step_batch(self, b) -> StepBatch:
-        replica = self.mesh.replica_gpus(b.rank)
+    def _step_batch(self, b, copies: list) -> StepBatch:
         entries, token_ids = [], []
         for req, n, ctx, decode in zip(b.requests, b.num_new_tokens, b.contexts, b.is_decode):
             if req.pending_copies:
-                for g in replica:
-                    self.ranks[g].kv.copy_blocks(req.pending_copies)
+                copies.append(list(req.pending_copies))
             stream = req.token_ids
             if decode:
                 new = [stream[ctx]] + ngram_drafts(stream[:ctx + 1], n - 1)
@@ -208,12 +192,7 @@ class ComputeDataPlane:
         return tokens
 
     # ----------------------------------------------------------------- clock
-    def _comm_s(self, gpu: int) -> float:
-        r = self.ranks[gpu]
-        return sum(g.comm_s for g in {id(x): x for x in (r.tp, r.pcp, r.dcp, r.ep, r.pp)}
-                   .values())
-
-    def _timing(self, batches, work, lockstep, gpus, elapsed, before, wall) -> StepTiming:
+    def _timing(self, batches, work, lockstep, elapsed, comm_s, wall) -> StepTiming:
         if self.clock == "predicted":
             work = work if work is not None else StepWork.from_batches(batches)
             return self.cost_model.step_timing(work, lockstep)
@@ -222,7 +201,7 @@ class ComputeDataPlane:
         for i, b in enumerate(batches):
             replica = self.mesh.replica_gpus(b.rank)
             busy[0, i] = max(elapsed[g] for g in replica)
-            comm[0, i] = max(self._comm_s(g) - before[g] for g in replica)
+            comm[0, i] = max(comm_s[g] for g in replica)
         duration = np.array([wall if lockstep else busy.max()])
         return StepTiming(busy, np.maximum(busy - comm, 0), comm, duration,
                           np.zeros((1, len(batches))))
@@ -239,19 +218,17 @@ class ComputeDataPlane:
 
     def restore_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
         """A request on DP rank dp resumes from the snapshot after `position` tokens."""
-        for g in self.mesh.replica_gpus(dp):
-            if self.ranks[g].snapshots.layers:
-                self.ranks[g].snapshots.restore(key, request_id, position)
+        gpus = self.mesh.replica_gpus(dp)
+        self.executor.run(restore_snapshot, [(key, request_id, position)] * len(gpus), gpus)
 
     def save_linear_state(self, dp: int, key: int, request_id: str, position: int) -> None:
         """The control plane saved a snapshot: copy the state on DP rank dp's GPUs,
         and drop the copies of snapshots it has evicted since."""
-        alive = self.kv_manager(dp).snapshots.has
-        for g in self.mesh.replica_gpus(dp):
-            snapshots = self.ranks[g].snapshots
-            if snapshots.layers:
-                snapshots.save(key, request_id, position)
-                snapshots.prune(alive)
+        has = self.kv_manager(dp).snapshots.has
+        alive = frozenset(k for k in self._snapshot_keys.get(dp, set()) | {key} if has(k))
+        self._snapshot_keys[dp] = set(alive)
+        gpus = self.mesh.replica_gpus(dp)
+        self.executor.run(save_snapshot, [(key, request_id, position, alive)] * len(gpus), gpus)
 
     def request_kv(self, req, layer: int, gpu: int) -> tuple[np.ndarray, dict]:
         """What GPU `gpu` holds of request `req`'s KV in `layer`: the positions it owns
@@ -286,17 +263,21 @@ class ComputeDataPlane:
     def tier_bytes(self, directory: str | None = None) -> TierBytes:
         """The KV offload tiers' bytes (host tensors, block files), kept in step with
         the control plane's tier moves; closed with the plane."""
+        if self.executor.name == "mp":  # the tiers copy rank tensors from this process
+            raise ConfigError("kv_offload_*: KV offload tiers run with executor='threads' "
+                              "only (not yet with executor='mp')")
         identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
                                self.block_size, self.device, self.weights_id)
         self.tiers = TierBytes(self, directory, identity, self.config.kv_offload_strict)
         return self.tiers
 
     def release(self, request_id: str) -> None:
-        for r in self.ranks:
-            r.linear.release(request_id)
+        if self.spec.linear_layers:  # (only linear-attention layers keep per-request state)
+            gpus = list(range(self.mesh.world_size))
+            self.executor.run(release_request, [(request_id,)] * len(gpus), gpus)
 
     def close(self) -> None:
-        self.cluster.close()
+        self.executor.close()
         if self.tiers is not None:
             self.tiers.close()
 
