@@ -19,7 +19,7 @@ Two ways to start:
   `serve()` (init from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
 
 Failure: a worker that dies makes the driver raise `WorkerDied`, one line naming the
-GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 120 s; a closed connection
+GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed connection
 is noticed at once), and the driver stops every other worker it spawned — a watchdog
 thread kills them as soon as one exits, which also breaks the driver out of a pending
 collective. Spawned workers die with the driver (`PR_SET_PDEATHSIG`).
@@ -45,7 +45,7 @@ from labkit.engine.compute.mesh import Mesh
 from labkit.errors import ConfigError
 
 TIMEOUT_ENV = "LABKIT_MP_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = 300.0
 JOIN_S = 10.0
 
 
