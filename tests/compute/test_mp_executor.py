@@ -25,6 +25,7 @@ from labkit.engine.compute.mp_executor import WorkerDied
 from labkit.engine.engine import Engine
 from labkit.errors import ConfigError
 from labkit.specs import get_model
+from labkit.traces import TINY_AGENTX, generate_agentx_trace
 
 CASES = [("tiny-llama", "tp2"), ("tiny-deepseek-v3", "dcp2"), ("tiny-qwen3-moe", "dep2"),
          ("tiny-llama", "tp2xpp2"), ("tiny-deepseek-v3", "tp2xpcp2xdcp2")]
@@ -75,3 +76,22 @@ def test_killed_worker_stops_the_run():
     assert all(p.exitcode is not None for p in procs)  # no orphans: all were reaped
     assert not dist.is_initialized()
     eng.data_plane.close()  # closing a failed plane is harmless
+
+
+def agentic(executor: str):
+    eng = compute_engine("tiny-qwen3-moe", "dep2", executor=executor)
+    try:
+        trace = generate_agentx_trace(3, seed=1, block_size=16, **TINY_AGENTX)
+        return eng.replay(trace, concurrency=3, loop_trace=False, max_idle_s=1.0,
+                          start_part_way=False).requests
+    finally:
+        eng.data_plane.close()
+
+
+def test_agentic_replay_with_kv_fetched_across_processes():
+    """Sessions move between the DP ranks of dep2: their KV is sent from one process to
+    another (`move_blocks`) and the tokens stay those of the thread run."""
+    threads, procs = agentic("threads"), agentic("mp")
+    assert procs.fetched_tokens.sum() > 0  # some KV crossed between DP ranks
+    assert threads.output_token_ids.map(list).tolist() == \
+        procs.output_token_ids.map(list).tolist()

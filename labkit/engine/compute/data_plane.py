@@ -257,8 +257,8 @@ class ComputeDataPlane:
     # ------------------------------------------------------------ engine hooks
     def copy_kv(self, src_dp: int, dst_dp: int, src_blocks, dst_blocks) -> None:
         """A session's prefix KV, fetched from DP rank src_dp's GPUs to dst_dp's."""
-        for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
-            self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
+        pairs = list(zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)))
+        self.executor.copy_kv(pairs, src_blocks, dst_blocks)
 
     def tier_bytes(self, directory: str | None = None) -> TierBytes:
         """The KV offload tiers' bytes (host tensors, block files), kept in step with

@@ -134,6 +134,11 @@ class ThreadExecutor:
         ranks = self.ranks
         return self.cluster.run(lambda gpu, *args: op(ranks[gpu], *args), args_per_gpu, gpus)
 
+    def copy_kv(self, pairs: list[tuple[int, int]], src_blocks, dst_blocks) -> None:
+        """Blocks of GPU gs's paged KV into GPU gd's, for each (gs, gd)."""
+        for gs, gd in pairs:
+            self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
+
     def close(self) -> None:
         self.cluster.close()
 

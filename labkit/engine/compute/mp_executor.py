@@ -146,6 +146,14 @@ class ProcessExecutor:
         results[0] = mine
         return [results[g] for g in gpus]
 
+    def copy_kv(self, pairs: list[tuple[int, int]], src_blocks, dst_blocks) -> None:
+        """Blocks of GPU gs's paged KV into GPU gd's: gs sends, gd receives."""
+        gpus, args = [], []
+        for gs, gd in pairs:
+            gpus += [gs, gd]
+            args += [(True, gd, src_blocks), (False, gs, dst_blocks)]
+        self.run(move_blocks, args, gpus)
+
     def _call(self, fn):
         try:
             return fn()
@@ -214,6 +222,21 @@ def build_groups(mesh: Mesh, me: int) -> dict:
         t = getattr(place, f"{kind}_group")
         out[kind] = DistGroup(pgs[t], t, me) if len(t) > 1 else SoloGroup(me)
     return out
+
+
+def move_blocks(rank, sending: bool, peer: int, blocks) -> None:
+    """One side of a KV block copy between two processes (every layer, every cache
+    tensor, in the same order on both sides)."""
+    for layer in sorted(rank.kv.layers):
+        for name in sorted(rank.kv.layers[layer]):
+            t = rank.kv.layers[layer][name]
+            index = torch.as_tensor(blocks, dtype=torch.long, device=t.device)
+            if sending:
+                dist.send(t[index].contiguous(), peer)
+            else:
+                part = t.new_empty((len(index),) + tuple(t.shape[1:]))
+                dist.recv(part, peer)
+                t[index] = part
 
 
 # -------------------------------------------------------------------- worker
