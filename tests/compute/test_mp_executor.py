@@ -28,7 +28,8 @@ from labkit.specs import get_model
 from labkit.traces import TINY_AGENTX, generate_agentx_trace
 
 CASES = [("tiny-llama", "tp2"), ("tiny-deepseek-v3", "dcp2"), ("tiny-qwen3-moe", "dep2"),
-         ("tiny-llama", "tp2xpp2"), ("tiny-deepseek-v3", "tp2xpcp2xdcp2")]
+         ("tiny-llama", "tp2xpp2"),  # 4 processes
+         pytest.param("tiny-deepseek-v3", "tp2xpcp2xdcp2", marks=pytest.mark.slow)]
 
 
 def scenario(model: str, layout: str, executor: str):
