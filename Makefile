@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast demo bench notebooks install clean
+.PHONY: lab test test-fast demo bench gpu-check notebooks install clean
 
 # Create the virtual environment and install labkit with its lab and test extras.
 # torch is pinned to 2.13.0 in pyproject.toml (see README: the CPU wheel).
@@ -32,6 +32,11 @@ demo: $(STAMP)
 		--model deepseek-v3 --layout dep16 --hardware h200 \
 		--concurrency 6 --duration-s 900 --router session_sticky \
 		--num-speculative-tokens 3 --acceptance-length 2.99 --max-model-len 1048576
+
+# CUDA tests, kernels against the HBM roofline, an 8B-sized compute replay beside the
+# cost model (labkit/gpu_check.py); without CUDA it says so and exits 0
+gpu-check: $(STAMP)
+	$(BIN)/python -m labkit.gpu_check
 
 bench: $(STAMP)
 	$(BIN)/labkit bench sim

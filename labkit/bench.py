@@ -161,10 +161,10 @@ def lookup_cost(context: int, new_tokens: int = 4096, block_size: int = 64,
 
 def bench_compute(quick: bool = False) -> None:
     """The compute plane on this machine: a miniature agentic replay, real tensors,
-    measured clock. Prints tokens per wall second and where the time goes."""
+    measured clock. Prints tokens per wall second and where the time goes; then the
+    same replays with ranks as threads and as processes (`executor`), side by side."""
     import torch
 
-    from labkit import Engine
     from labkit.traces import TINY_AGENTX, generate_agentx_trace
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -176,16 +176,32 @@ def bench_compute(quick: bool = False) -> None:
     print(f"labkit bench compute — tiny models, {len(trace.requests)} agentic calls, "
           f"{device}, torch threads {torch.get_num_threads()} (one run each)")
     for model, layout in cases:
-        engine = Engine(model=model, layout=layout, backend="compute", device=device)
+        _compute_replay(trace, model, layout, device, "threads")
+    print("  threads vs processes (executor=threads|mp; mp: one process per GPU, gloo/NCCL)")
+    for model, layout in (("tiny-llama", "tp2"), ("tiny-qwen3-moe", "dep2")):
+        rates = [_compute_replay(trace, model, layout, device, ex) for ex in ("threads", "mp")]
+        print(f"  {model:<17} {layout:<5} processes / threads: {rates[1] / rates[0]:.2f}x")
+
+
+def _compute_replay(trace, model: str, layout: str, device: str, executor: str) -> float:
+    """One replay, one printed line; returns its tokens per wall second."""
+    from labkit import Engine
+
+    engine = Engine(model=model, layout=layout, backend="compute", device=device,
+                    executor=executor)
+    try:
         t0 = time.perf_counter()
         result = engine.replay(trace, concurrency=3, loop_trace=False, max_idle_s=1.0,
                                start_part_way=False)
         wall = time.perf_counter() - t0
-        table = result.requests
-        tokens = int(table.computed_prefill_tokens.sum() + table.output_tokens.sum())
-        sec = engine.data_plane.seconds
-        control = wall - sec["host"] - sec["forward"]
-        print(f"  {model:<17} {layout:<5} {tokens / wall:8,.0f} tokens/s "
-              f"({tokens:,} tokens, {engine.data_plane.steps} steps, {wall:.1f} s): "
-              f"forward {sec['forward'] / wall:.0%} (collectives {sec['collectives'] / wall:.0%}),"
-              f" host {sec['host'] / wall:.0%}, control plane {control / wall:.0%}")
+    finally:
+        engine.data_plane.close()
+    table = result.requests
+    tokens = int(table.computed_prefill_tokens.sum() + table.output_tokens.sum())
+    sec = engine.data_plane.seconds
+    control = wall - sec["host"] - sec["forward"]
+    print(f"  {model:<17} {layout:<5} {executor:<7} {tokens / wall:8,.0f} tokens/s "
+          f"({tokens:,} tokens, {engine.data_plane.steps} steps, {wall:.1f} s): "
+          f"forward {sec['forward'] / wall:.0%} (collectives {sec['collectives'] / wall:.0%}),"
+          f" host {sec['host'] / wall:.0%}, control plane {control / wall:.0%}")
+    return tokens / wall

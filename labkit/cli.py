@@ -7,7 +7,8 @@
     labkit trace convert IN OUT [--format ...]   (any format -> labkit JSONL)
     labkit replay --trace FILE --model M --layout L --hardware H [knobs...] [--out DIR] [--json]
                   [--timeline FILE.json]
-                  [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]]
+                  [--backend sim|compute [--device cpu|cuda] [--clock measured|predicted]
+                   [--executor threads|mp]]   (mp: also under torchrun, see docs/executors.md)
                  [--slo ttft=2,tpot=0.05] [--percentiles 50,90,99] [--gpu-hour-usd X]
                  [--on-oversize error|skip]
     labkit capacity --model M --layout L --hardware H --context N [--json]
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import types
 import typing
@@ -137,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--checkpoint", help="compute backend: a local safetensors file or "
                                              "folder (an HF checkpoint folder) instead of "
                                              "seeded random weights")
+    replay.add_argument("--executor", choices=["threads", "mp"],
+                        help="compute backend: GPU ranks as threads of this process "
+                             "(default) or as processes over torch.distributed (also under "
+                             "torchrun: RANK 0 drives, the others serve)")
     replay.add_argument("--cost-model", default="calibrated", choices=["calibrated", "roofline"],
                         help="step times: kernels fitted on measured H100 latencies "
                              "(default), or a first-order roofline")
@@ -325,6 +331,11 @@ def _replay(args) -> int:
     from labkit.outputs import OutDir, strict_json
     from labkit.traces import load_trace
 
+    if _torchrun_worker(args):  # a worker process of a torchrun launch: serve the driver
+        from labkit.engine.compute.mp_executor import serve
+
+        serve()
+        return 0
     if args.concurrency is not None and args.duration_s is None and args.loop_trace:
         raise ConfigError("--concurrency needs --duration-s (or --no-loop-trace)")
     from labkit.engine.slo import metric_options
@@ -334,7 +345,8 @@ def _replay(args) -> int:
         # the results folder is claimed (checked, locked) before anything runs
         out = stack.enter_context(OutDir(args.out, args.overwrite)) if args.out else None
         trace = load_trace(args.trace, format=args.format)
-        compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint")
+        compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint",
+                                                 "executor")
                    if getattr(args, k) is not None}
         engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
                         backend=args.backend, cost_model=args.cost_model, **compute,
@@ -371,6 +383,11 @@ def _replay(args) -> int:
 
         print(format_warnings(result.summary["warnings"]), file=sys.stderr)
     return 0
+
+
+def _torchrun_worker(args) -> bool:
+    return (args.backend == "compute" and args.executor == "mp"
+            and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ)
 
 
 def _capacity(args) -> int:

@@ -64,15 +64,17 @@ class Engine(Arrivals):
     def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
                  backend: str = "sim", cost_model=None, *, device: str | None = None,
                  dtype: str | None = None, clock: str | None = None, checkpoint=None,
-                 **knobs) -> None:
+                 executor: str | None = None, **knobs) -> None:
         """`backend="sim"` costs steps with `cost_model`; `backend="compute"` runs them
         on real tensors (`device` cpu|cuda, `dtype`, `clock` measured|predicted, an
-        optional safetensors `checkpoint`; see `labkit.engine.compute`)."""
+        optional safetensors `checkpoint`, `executor` threads|mp: ranks as threads or
+        as processes; see `labkit.engine.compute`)."""
         if backend not in BACKENDS:
             raise unknown_choice("backend", backend, BACKENDS)
         super().__init__()  # the arrivals heap (`arrivals.py`)
         compute_opts = {k: v for k, v in dict(device=device, dtype=dtype, clock=clock,
-                                               checkpoint=checkpoint).items() if v is not None}
+                                               checkpoint=checkpoint, executor=executor).items()
+                        if v is not None}
         if backend == "sim" and compute_opts:
             raise ConfigError(f"{', '.join(compute_opts)} only apply to backend='compute'")
         self.model = get_model(model)
@@ -247,7 +249,8 @@ class Engine(Arrivals):
         return ComputeDataPlane(
             self.model, self.layout, self.config, self.num_blocks, self.block_size,
             device=opts.get("device", "cpu"), dtype=dtype, clock=clock,
-            cost_model=self.cost_model, checkpoint=opts.get("checkpoint"))
+            cost_model=self.cost_model, checkpoint=opts.get("checkpoint"),
+            executor=opts.get("executor", "threads"))
 
     @property
     def gpus(self) -> int:

@@ -174,8 +174,8 @@ class BlockUse:
             WindowSlid)
         step_batch = eng.data_plane._step_batch
 
-        def recording(b):
-            batch = step_batch(b)
+        def recording(b, *rest):
+            batch = step_batch(b, *rest)
             # (the tables are views of the KV manager's: keep them as they were)
             self.entries += [replace(e, table=e.table.copy(), window_table=e.window_table.copy())
                              for e in batch.entries]

@@ -3,7 +3,8 @@
 Where the simulated plane asks a cost model how long a step takes, this one runs it.
 Each GPU of the layout is a `Rank` (its weight slices, its paged KV, linear-attention
 states) and a step is SPMD: every GPU of the stepping replicas runs `rank_forward` on
-its own thread of a `VirtualCluster`, talking to its peers only through collectives.
+its own thread of a `VirtualCluster` (`executor="threads"`) or in its own process
+(`executor="mp"`, see executors.py), talking to its peers only through collectives.
 Then, on the host:
 
 - **sampling**: greedy (argmax, lowest id on ties) from the last stage's logits;
@@ -36,16 +37,12 @@ import time
 import numpy as np
 import torch
 
-from labkit.engine.compute.group import VirtualCluster
+from labkit.engine.compute.executors import (
+    RankPlan, check_executor, forward_step, kv_nbytes, make_executor, release_request,
+    restore_snapshot, save_snapshot)
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
-from labkit.engine.compute.models.checkpoint import load_safetensors
 from labkit.engine.compute.models.family import check_computable
-from labkit.engine.compute.models.weights import init_weights
-from labkit.engine.compute.paged_kv import PagedKV
-from labkit.engine.compute.rank import Rank
-from labkit.engine.compute.rank_model import rank_forward
-from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
 from labkit.engine.sim.work import StepTiming
@@ -67,10 +64,12 @@ class ComputeDataPlane:
     def __init__(self, spec, layout, config, num_blocks: int, block_size: int, *,
                  device: str = "cpu", dtype: str = "float32",
                  clock: str = "measured", cost_model=None, checkpoint=None,
-                 weights: dict | None = None) -> None:
+                 weights: dict | None = None, executor: str = "threads") -> None:
         """The paged caches hold `num_blocks` blocks of `block_size` tokens (the ids the
         KV manager hands out); `weights` (full, unsharded) or a safetensors `checkpoint`
-        replace the seeded random weights."""
+        replace the seeded random weights; `executor` threads|mp: ranks as threads of this
+        process or as processes over torch.distributed."""
+        check_executor(executor)
         if clock not in CLOCKS:
             raise unknown_choice("clock", clock, CLOCKS)
         if clock == "predicted" and cost_model is None:
@@ -86,14 +85,13 @@ class ComputeDataPlane:
             raise ConfigError(f"layout {layout.text!r}: the compute plane does not run kvpp yet")
         self.num_speculative_tokens = config.num_speculative_tokens
         self.mesh = Mesh(layout, spec)
-        self.cluster = VirtualCluster(self.mesh.world_size)
         # what the weights are, for the disk tier's namespace (kv_namespace.py)
         self.weights_id = weights_identity(config.seed, checkpoint, weights) \
             if config.disk_kv_gib else ""
-        if weights is None:
-            weights = (load_safetensors(checkpoint, spec, dtype=self.dtype) if checkpoint
-                       else init_weights(spec, config.seed, self.dtype))
-        self.ranks = [self._build_rank(place, weights) for place in self.mesh.places]
+        plan = RankPlan(spec, layout, config, num_blocks, block_size, self.device, self.dtype,
+                        checkpoint, weights)
+        self.executor = make_executor(executor, plan, self.mesh)
+        self.ranks = self.executor.ranks
         self.record_logits = False
         self.logits: list[tuple[str, np.ndarray, torch.Tensor]] = []  # when recording
         self.steps = 0
@@ -105,61 +103,47 @@ class ComputeDataPlane:
         # the offload tiers' bytes (host tensors, block files), when tiers are configured
         self.tiers = self._tier_bytes(config.kv_offload_dir) if config.cpu_kv_gib else None
 
-    def _build_rank(self, place, full: dict) -> Rank:
-        w = rank_weights(self.spec, full, place, self.layout, self.device)
-        kv = PagedKV(kv_shapes(self.spec, w), self.num_blocks, self.block_size,
-                     self.layout.dcp, place.dcp_index if self.layout.dcp > 1 else 0,
-                     self.config.dcp_kv_cache_interleave_size, self.dtype, self.device)
-        c = self.cluster
-        groups = {name: c.group(getattr(place, f"{name}_group"), place.gpu)
-                  for name in ("tp", "pcp", "dcp", "ep", "pp")}
-        return Rank(place, self.mesh, w, kv, groups)
-
     @property
     def min_step_s(self) -> float:
         return self.cost_model.min_step_s if self.clock == "predicted" else MEASURED_MIN_STEP_S
 
     @property
     def kv_bytes_per_gpu(self) -> int:
-        return max(r.kv.nbytes for r in self.ranks)
+        gpus = list(range(self.mesh.world_size))
+        return max(self.executor.run(kv_nbytes, [()] * len(gpus), gpus))
 
     # ------------------------------------------------------------------ step
     def execute(self, step: StepInput) -> StepOutput:
         t0 = time.perf_counter()
         self.apply(step.commands)
         batches = step.ranks
-        steps = {b.rank: self._step_batch(b) for b in batches}
+        copies = {b.rank: [] for b in batches}  # copy-on-write pairs, applied on the ranks
+        steps = {b.rank: self._step_batch(b, copies[b.rank]) for b in batches}
         gpus = [g for b in batches for g in self.mesh.replica_gpus(b.rank)]
-        before = {g: self._comm_s(g) for g in gpus}
         t1 = time.perf_counter()
-        results = self.cluster.run(self._timed_forward,
-                                   [(steps[self.mesh.places[g].dp],) for g in gpus], gpus)
+        dps = [self.mesh.places[g].dp for g in gpus]
+        results = self.executor.run(forward_step, [(steps[d], copies[d]) for d in dps], gpus)
         t2 = time.perf_counter()
         elapsed = dict(zip(gpus, (r[0] for r in results)))
-        logits = self._collect(gpus, [r[1] for r in results])
+        comm = dict(zip(gpus, (r[1] for r in results)))
+        logits = self._collect(gpus, [r[2] for r in results])
         tokens = {}
         for b in batches:
             tokens.update(self._sample(steps[b.rank], logits.get(b.rank, {})))
         self.steps += 1
-        timing = self._timing(step, gpus, elapsed, before, t2 - t1)
+        timing = self._timing(step, gpus, elapsed, comm, t2 - t1)
         self.seconds["forward"] += t2 - t1
-        self.seconds["collectives"] += max(self._comm_s(g) - before[g] for g in gpus)
+        self.seconds["collectives"] += max(comm.values())
         self.seconds["host"] += (t1 - t0) + (time.perf_counter() - t2)
         return StepOutput(timing, tokens)
 
-    def _timed_forward(self, gpu: int, batch: StepBatch):
-        start = time.perf_counter()
-        out = rank_forward(self.ranks[gpu], batch)
-        return time.perf_counter() - start, out
-
-    def _step_batch(self, b) -> StepBatch:
-        """One DP rank's part of the message (`RankStep`) as the tensors' view of it."""
-        replica = self.mesh.replica_gpus(b.rank)
+    def _step_batch(self, b, copies: list) -> StepBatch:
+        """One DP rank's part of the message (`RankStep`) as the tensors' view of it;
+        its copy-on-write pairs go to `copies` (the ranks apply them before the step)."""
         entries, token_ids = [], []
         for i, rid in enumerate(b.request_ids):
             if b.copies[i]:  # copy-on-write: the request's private copy of a shared block
-                for g in replica:
-                    self.ranks[g].kv.copy_blocks(b.copies[i])
+                copies.append(list(b.copies[i]))
             entries.append(Entry(rid, b.contexts[i], b.num_new_tokens[i], b.is_decode[i],
                                  b.block_tables[i], b.samples[i],
                                  window_table=b.window_tables[i],
@@ -205,12 +189,7 @@ class ComputeDataPlane:
         return tokens
 
     # ----------------------------------------------------------------- clock
-    def _comm_s(self, gpu: int) -> float:
-        r = self.ranks[gpu]
-        return sum(g.comm_s for g in {id(x): x for x in (r.tp, r.pcp, r.dcp, r.ep, r.pp)}
-                   .values())
-
-    def _timing(self, step: StepInput, gpus, elapsed, before, wall) -> StepTiming:
+    def _timing(self, step: StepInput, gpus, elapsed, comm_s, wall) -> StepTiming:
         batches, lockstep = step.ranks, step.lockstep
         if self.clock == "predicted":
             return self.cost_model.step_timing(step.work, lockstep)
@@ -219,7 +198,7 @@ class ComputeDataPlane:
         for i, b in enumerate(batches):
             replica = self.mesh.replica_gpus(b.rank)
             busy[0, i] = max(elapsed[g] for g in replica)
-            comm[0, i] = max(self._comm_s(g) - before[g] for g in replica)
+            comm[0, i] = max(comm_s[g] for g in replica)
         duration = np.array([wall if lockstep else busy.max()])
         return StepTiming(busy, np.maximum(busy - comm, 0), comm, duration,
                           np.zeros((1, len(batches))))
@@ -233,9 +212,9 @@ class ComputeDataPlane:
             elif isinstance(c, SaveState):
                 self._save_linear_state(c)
             elif isinstance(c, RestoreState):
-                for g in self.mesh.replica_gpus(c.dp):
-                    if self.ranks[g].snapshots.layers:
-                        self.ranks[g].snapshots.restore(c.key, c.request_id, c.position)
+                gpus = self.mesh.replica_gpus(c.dp)
+                args = (c.key, c.request_id, c.position)
+                self.executor.run(restore_snapshot, [args] * len(gpus), gpus)
             elif isinstance(c, Release):
                 self.release(c.request_id)
             else:
@@ -244,12 +223,9 @@ class ComputeDataPlane:
     def _save_linear_state(self, c: SaveState) -> None:
         """The control plane saved a snapshot: copy the state on DP rank dp's GPUs, and
         drop the copies of snapshots it has evicted since."""
-        dropped = set(c.dropped)
-        for g in self.mesh.replica_gpus(c.dp):
-            snapshots = self.ranks[g].snapshots
-            if snapshots.layers:
-                snapshots.save(c.key, c.request_id, c.position)
-                snapshots.prune(lambda key: key not in dropped)
+        gpus = self.mesh.replica_gpus(c.dp)
+        args = (c.key, c.request_id, c.position, frozenset(c.dropped))
+        self.executor.run(save_snapshot, [args] * len(gpus), gpus)
 
     # ------------------------------------------------------------ inspection
     def request_kv(self, dp: int, table, num_tokens: int, layer: int, gpu: int,
@@ -279,22 +255,26 @@ class ComputeDataPlane:
     # ------------------------------------------------------------ bytes
     def copy_kv(self, src_dp: int, dst_dp: int, src_blocks, dst_blocks) -> None:
         """A session's prefix KV, fetched from DP rank src_dp's GPUs to dst_dp's."""
-        for gs, gd in zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)):
-            self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
+        pairs = list(zip(self.mesh.replica_gpus(src_dp), self.mesh.replica_gpus(dst_dp)))
+        self.executor.copy_kv(pairs, src_blocks, dst_blocks)
 
     def _tier_bytes(self, directory: str | None) -> TierBytes:
         """The KV offload tiers' bytes, kept in step with the control plane's tier
         moves; closed with the plane."""
+        if self.executor.name == "mp":  # the tiers copy rank tensors from this process
+            raise ConfigError("kv_offload_*: KV offload tiers run with executor='threads' "
+                              "only (not yet with executor='mp')")
         identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
                                self.block_size, self.device, self.weights_id)
         return TierBytes(self, directory, identity, self.config.kv_offload_strict)
 
     def release(self, request_id: str) -> None:
-        for r in self.ranks:
-            r.linear.release(request_id)
+        if self.spec.linear_layers:  # (only linear-attention layers keep per-request state)
+            gpus = list(range(self.mesh.world_size))
+            self.executor.run(release_request, [(request_id,)] * len(gpus), gpus)
 
     def close(self) -> None:
-        self.cluster.close()
+        self.executor.close()
         if self.tiers is not None:
             self.tiers.close()
 

@@ -39,10 +39,15 @@ class Group:
         raise NotImplementedError
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        raise NotImplementedError
+        total = self.all_reduce(t)
+        return torch.chunk(total, self.size, dim=dim)[self.rank].clone()
 
     def all_to_all(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def _check_chunks(self, chunks: list) -> None:
+        if len(chunks) != self.size:
+            raise ValueError(f"all_to_all needs {self.size} chunks, got {len(chunks)}")
 
     def broadcast(self, t: torch.Tensor | None, src: int = 0) -> torch.Tensor:
         raise NotImplementedError
@@ -52,6 +57,15 @@ class Group:
 
     def recv(self, src: int) -> torch.Tensor:
         raise NotImplementedError
+
+
+def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The members' contributions added in member order: the same bits on every run,
+    whichever executor moved them."""
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total
 
 
 class _Rendezvous:
@@ -90,19 +104,10 @@ class VirtualGroup(Group):
         return torch.cat(self._exchange(t), dim=dim)
 
     def all_reduce(self, t):
-        parts = self._exchange(t)
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-        return total
-
-    def reduce_scatter(self, t, dim=0):
-        total = self.all_reduce(t)
-        return torch.chunk(total, self.size, dim=dim)[self.rank].clone()
+        return sum_in_order(self._exchange(t))
 
     def all_to_all(self, chunks):
-        if len(chunks) != self.size:
-            raise ValueError(f"all_to_all needs {self.size} chunks, got {len(chunks)}")
+        self._check_chunks(chunks)
         sent = self._exchange(chunks)
         return [sent[src][self.rank] for src in range(self.size)]
 

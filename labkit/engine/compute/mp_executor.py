@@ -1,0 +1,331 @@
+"""Ranks as processes: one process per GPU, collectives over torch.distributed.
+
+The driver — the process running the control plane — is global rank 0 and also hosts
+GPU 0's rank. Every other GPU's rank lives in a worker process that does nothing but
+`serve`: build its rank from the `RankPlan` the driver broadcasts once, then, step after
+step, receive one message (a rank operation and each GPU's arguments — for a forward
+pass, its replica's `StepBatch` and copy-on-write pairs), run it on its rank, and send
+the result back (`gather_object`: only the last stage's logits are non-trivial). The
+model's collectives inside the step go straight between the ranks (`DistGroup`); the
+driver is not in their path. Messages travel on a gloo group of their own, so that they
+also work when the model's collectives run over NCCL.
+
+Two ways to start:
+
+- **spawned** (`Engine(..., executor="mp")`): the driver spawns `world_size - 1` local
+  workers (`torch.multiprocessing`, rendezvous on a free 127.0.0.1 port);
+- **under torchrun** (`torchrun --nnodes N --nproc-per-node G -m labkit replay ...
+  --executor mp`): every process runs `labkit replay`; RANK 0 drives, the others call
+  `serve()` (init from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
+
+Failure: a worker that dies makes the driver raise `WorkerDied`, one line naming the
+GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed connection
+is noticed at once), and the driver stops every other worker it spawned — a watchdog
+thread kills them as soon as one exits, which also breaks the driver out of a pending
+collective. Spawned workers die with the driver (`PR_SET_PDEATHSIG`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from labkit.engine.compute.dist_group import DistGroup, SoloGroup
+from labkit.engine.compute.executors import GROUP_KINDS, RankPlan, RemoteRanks
+from labkit.engine.compute.mesh import Mesh
+from labkit.errors import ConfigError
+
+TIMEOUT_ENV = "LABKIT_MP_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+JOIN_S = 10.0
+
+
+class WorkerDied(RuntimeError):
+    """A rank's process died or a collective failed; the run cannot continue."""
+
+
+class _Failure:
+    """What a worker sends back instead of a result when its operation raised."""
+
+    def __init__(self, gpu: int, message: str) -> None:
+        self.gpu, self.message = gpu, message
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def torchrun_rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def timeout_s() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+
+
+# -------------------------------------------------------------------- driver
+class ProcessExecutor:
+    name = "mp"
+
+    def __init__(self, plan: RankPlan, mesh: Mesh) -> None:
+        if dist.is_initialized():
+            raise ConfigError("executor='mp': this process already has a torch.distributed "
+                              "group (one mp engine per process; close the other first)")
+        self.mesh, self.world_size = mesh, mesh.world_size
+        self.procs: list = []
+        self._closing = False
+        self._dead: tuple | None = None  # (gpu, pid, exitcode) of the first worker to die
+        self._threads = torch.get_num_threads()  # restored on close
+        _share_cores(self.world_size)
+        if under_torchrun():
+            self._join_torchrun()
+        else:
+            self._spawn()
+        self.ctrl = dist.new_group(backend="gloo")
+        self._call(lambda: dist.broadcast_object_list([plan], src=0, group=self.ctrl))
+        groups = build_groups(mesh, 0)
+        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh, plan.full_weights(),
+                                                groups)}, self.world_size)
+        atexit.register(self.close)  # workers stop with the driver even if never closed
+
+    def _join_torchrun(self) -> None:
+        rank, size = torchrun_rank(), int(os.environ["WORLD_SIZE"])
+        if rank != 0:
+            raise ConfigError(f"executor='mp' under torchrun: RANK {rank} serves the driver "
+                              "(labkit.engine.compute.mp_executor.serve); only RANK 0 drives")
+        if size != self.world_size:
+            raise ConfigError(f"torchrun started {size} processes; layout "
+                              f"{self.mesh.layout.text!r} needs {self.world_size} "
+                              "(one per GPU)")
+        _use_local_gpu()
+        dist.init_process_group(_backend(), init_method="env://", rank=0,
+                                world_size=size, timeout=timedelta(seconds=timeout_s()))
+
+    def _spawn(self) -> None:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = torch.multiprocessing.get_context("spawn")
+        for r in range(1, self.world_size):
+            p = ctx.Process(target=serve, args=(r, self.world_size, init, True), daemon=True,
+                            name=f"labkit-rank{r}")
+            p.start()
+            self.procs.append(p)
+        threading.Thread(target=self._watch, daemon=True, name="labkit-mp-watchdog").start()
+        self._call(lambda: dist.init_process_group(
+            _backend(), init_method=init, rank=0, world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s())))
+
+    # ------------------------------------------------------------------ work
+    def run(self, op, args_per_gpu: list[tuple], gpus: list[int]) -> list:
+        """`op(rank, *args)` on each GPU of `gpus` (in its process); results in order."""
+        work = dict(zip(gpus, args_per_gpu))
+        self._call(lambda: dist.broadcast_object_list([("run", op, work)], src=0,
+                                                      group=self.ctrl))
+        mine, error = None, None
+        if 0 in work:
+            try:
+                mine = op(self.ranks[0], *work[0])
+            except Exception as err:  # noqa: BLE001 - re-raised after the gather
+                error = err
+        results: list = [None] * self.world_size
+        self._call(lambda: dist.gather_object(None if error else mine, results, dst=0,
+                                              group=self.ctrl))
+        if error is not None:
+            raise error
+        for r in results:
+            if isinstance(r, _Failure):
+                raise RuntimeError(f"executor='mp': GPU {r.gpu} failed: {r.message}")
+        results[0] = mine
+        return [results[g] for g in gpus]
+
+    def copy_kv(self, pairs: list[tuple[int, int]], src_blocks, dst_blocks) -> None:
+        """Blocks of GPU gs's paged KV into GPU gd's: gs sends, gd receives."""
+        gpus, args = [], []
+        for gs, gd in pairs:
+            gpus += [gs, gd]
+            args += [(True, gd, src_blocks), (False, gs, dst_blocks)]
+        self.run(move_blocks, args, gpus)
+
+    def _call(self, fn):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - a broken group: say which rank died
+            raise self._fail(err) from None
+
+    def _fail(self, err: Exception) -> WorkerDied:
+        dead = self._dead or next(((i + 1, p.pid, p.exitcode) for i, p in
+                                   enumerate(self.procs) if p.exitcode is not None), None)
+        self._stop_workers()
+        if dead is not None:
+            gpu, pid, code = dead
+            return WorkerDied(f"executor='mp': the worker process of GPU {gpu} (pid {pid}) "
+                              f"died ({_describe_exit(code)}); the run is stopped")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return WorkerDied(f"executor='mp': a collective failed ({first}); the run is stopped")
+
+    # ----------------------------------------------------------- lifecycle
+    def _watch(self) -> None:
+        """Kill every worker as soon as one exits unasked: the driver's pending
+        collective then fails at once instead of waiting for the timeout."""
+        while not self._closing:
+            for i, p in enumerate(self.procs):
+                if p.exitcode is not None and not self._closing:
+                    self._dead = (i + 1, p.pid, p.exitcode)
+                    for q in self.procs:
+                        if q.exitcode is None:
+                            q.kill()
+                    return
+            threading.Event().wait(0.1)
+
+    def _stop_workers(self) -> None:
+        self._closing = True
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in self.procs:
+            p.join(JOIN_S)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(self._threads)
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        if self._closing:
+            return
+        try:
+            dist.broadcast_object_list([("stop",)], src=0, group=self.ctrl)
+        except Exception:  # noqa: BLE001 - closing anyway
+            pass
+        self._closing = True
+        for p in self.procs:
+            p.join(JOIN_S)
+        self._stop_workers()
+
+
+def build_groups(mesh: Mesh, me: int) -> dict:
+    """Rank `me`'s groups. Every process creates every multi-rank group, in the same
+    order (torch.distributed requires it), and keeps handles on its own."""
+    tuples = sorted({getattr(place, f"{kind}_group") for place in mesh.places
+                     for kind in GROUP_KINDS})
+    pgs = {t: dist.new_group(list(t)) for t in tuples if len(t) > 1}
+    place = mesh.places[me]
+    out = {}
+    for kind in GROUP_KINDS:
+        t = getattr(place, f"{kind}_group")
+        out[kind] = DistGroup(pgs[t], t, me) if len(t) > 1 else SoloGroup(me)
+    return out
+
+
+def move_blocks(rank, sending: bool, peer: int, blocks) -> None:
+    """One side of a KV block copy between two processes (every layer, every cache
+    tensor, in the same order on both sides)."""
+    for layer in sorted(rank.kv.layers):
+        for name in sorted(rank.kv.layers[layer]):
+            t = rank.kv.layers[layer][name]
+            index = torch.as_tensor(blocks, dtype=torch.long, device=t.device)
+            if sending:
+                dist.send(t[index].contiguous(), peer)
+            else:
+                part = t.new_empty((len(index),) + tuple(t.shape[1:]))
+                dist.recv(part, peer)
+                t[index] = part
+
+
+# -------------------------------------------------------------------- worker
+def serve(rank: int | None = None, world_size: int | None = None,
+          init_method: str = "env://", spawned: bool = False) -> None:
+    """A worker's life: join the group, build the rank the driver describes, run each
+    message's operation until the driver says stop (or goes away)."""
+    if spawned:
+        _die_with_parent()
+        os.environ["LOCAL_RANK"] = str(rank)  # one machine: GPU index = rank
+    rank = torchrun_rank() if rank is None else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    try:
+        _use_local_gpu()
+        _share_cores(world_size)
+        dist.init_process_group(_backend(), init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s()))
+        ctrl = dist.new_group(backend="gloo")
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=ctrl)
+        plan: RankPlan = box[0]
+        mesh = Mesh(plan.layout, plan.spec)
+        local = plan.build(mesh.places[rank], mesh, plan.full_weights(),
+                           build_groups(mesh, rank))
+        while True:
+            dist.broadcast_object_list(box, src=0, group=ctrl)
+            if box[0][0] == "stop":
+                break
+            _, op, work = box[0]
+            result = None
+            if rank in work:
+                try:
+                    result = _to_cpu(op(local, *work[rank]))
+                except Exception as err:  # noqa: BLE001 - reported to the driver
+                    result = _Failure(rank, f"{type(err).__name__}: {err}")
+            dist.gather_object(result, None, dst=0, group=ctrl)
+        dist.destroy_process_group()
+        if spawned:  # nothing left to flush: skip the slow interpreter teardown
+            os._exit(0)
+    except (dist.DistError, RuntimeError) as err:  # the driver or a peer went away
+        line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"labkit rank {rank}: stopping ({line})", file=sys.stderr)
+        os._exit(1)
+
+
+# ----------------------------------------------------------------- helpers
+def _backend() -> str:
+    """gloo between CPU tensors, NCCL between CUDA tensors (one group, both)."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _use_local_gpu() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def _share_cores(world_size: int) -> None:
+    """Each process computes on its share of this machine's cores: torch's default (all
+    of them, in every process) makes the processes' thread pools fight, ten times
+    slower on a small machine."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends this process SIGKILL when its parent dies."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value

@@ -1,0 +1,98 @@
+"""Ranks as processes compute exactly what ranks as threads compute.
+
+The same requests as test_runner_layouts (a shared prefix hit in the prefix cache,
+chunked prompts, speculative decoding) run with `executor="threads"` — the in-process
+cluster, itself checked against one device — and with `executor="mp"`: one process per
+GPU, collectives over gloo. Reductions add in member order in both, so every logits row
+must be bit-identical, and so must the tokens. A worker killed mid-run makes the driver
+raise a one-line error and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from compute_cases import (
+    compute_engine, logits_by_row, outputs, run_to_end, shared_prefix_prompts,
+    submit_prompts)
+
+from labkit.engine.compute.mp_executor import WorkerDied
+from labkit.engine.engine import Engine
+from labkit.errors import ConfigError
+from labkit.specs import get_model
+from labkit.traces import TINY_AGENTX, generate_agentx_trace
+
+CASES = [("tiny-llama", "tp2"), ("tiny-deepseek-v3", "dcp2"), ("tiny-qwen3-moe", "dep2"),
+         ("tiny-llama", "tp2xpp2"),  # 4 processes
+         pytest.param("tiny-deepseek-v3", "tp2xpcp2xdcp2", marks=pytest.mark.slow)]
+
+
+def scenario(model: str, layout: str, executor: str):
+    eng = compute_engine(model, layout, num_speculative_tokens=2, max_num_batched_tokens=32,
+                         executor=executor)
+    try:
+        submit_prompts(eng, shared_prefix_prompts(get_model(model).vocab_size), max_tokens=6)
+        return run_to_end(eng)
+    finally:
+        eng.data_plane.close()
+
+
+@pytest.mark.parametrize("model,layout", CASES)
+def test_processes_match_threads(model, layout):
+    threads = scenario(model, layout, "threads")
+    procs = scenario(model, layout, "mp")
+    assert outputs(procs) == outputs(threads)
+    assert len(outputs(procs)) == 3
+    a, b = logits_by_row(threads), logits_by_row(procs)
+    assert a.keys() == b.keys() and len(a) >= 20
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not dist.is_initialized()  # closing the plane released the process group
+
+
+def test_executor_knob_is_checked():
+    with pytest.raises(ConfigError, match=r"unknown executor 'fork'; allowed: threads, mp"):
+        compute_engine("tiny-llama", "tp2", executor="fork")
+    with pytest.raises(ConfigError, match="executor only appl"):
+        Engine(model="tiny-llama", layout="tp2", executor="mp")
+
+
+def test_killed_worker_stops_the_run():
+    eng = compute_engine("tiny-llama", "tp4", max_num_batched_tokens=32, executor="mp")
+    procs = list(eng.data_plane.executor.procs)
+    assert len(procs) == 3 and all(p.is_alive() for p in procs)
+    submit_prompts(eng, shared_prefix_prompts(get_model("tiny-llama").vocab_size),
+                   max_tokens=20)
+    for _ in range(3):
+        eng.step()
+    os.kill(procs[1].pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDied, match=r"GPU 2 \(pid \d+\) died \(killed by SIGKILL\)"):
+        run_to_end(eng)
+    assert time.monotonic() - start < 20
+    assert all(p.exitcode is not None for p in procs)  # no orphans: all were reaped
+    assert not dist.is_initialized()
+    eng.data_plane.close()  # closing a failed plane is harmless
+
+
+def agentic(executor: str):
+    eng = compute_engine("tiny-qwen3-moe", "dep2", executor=executor)
+    try:
+        trace = generate_agentx_trace(3, seed=1, block_size=16, **TINY_AGENTX)
+        return eng.replay(trace, concurrency=3, loop_trace=False, max_idle_s=1.0,
+                          start_part_way=False).requests
+    finally:
+        eng.data_plane.close()
+
+
+def test_agentic_replay_with_kv_fetched_across_processes():
+    """Sessions move between the DP ranks of dep2: their KV is sent from one process to
+    another (`move_blocks`) and the tokens stay those of the thread run."""
+    threads, procs = agentic("threads"), agentic("mp")
+    assert procs.fetched_tokens.sum() > 0  # some KV crossed between DP ranks
+    assert threads.output_token_ids.map(list).tolist() == \
+        procs.output_token_ids.map(list).tolist()
