@@ -88,6 +88,10 @@ class ComputeDataPlane:
         # what the weights are, for the disk tier's namespace (kv_namespace.py)
         self.weights_id = weights_identity(config.seed, checkpoint, weights) \
             if config.disk_kv_gib else ""
+        if executor == "mp" and config.cpu_kv_gib:  # (checked before any process starts)
+            # the tiers copy rank tensors from this process
+            raise ConfigError("cpu_kv_gib: KV offload tiers run with executor='threads' "
+                              "only (not yet with executor='mp')")
         plan = RankPlan(spec, layout, config, num_blocks, block_size, self.device, self.dtype,
                         checkpoint, weights)
         self.executor = make_executor(executor, plan, self.mesh)
@@ -261,9 +265,6 @@ class ComputeDataPlane:
     def _tier_bytes(self, directory: str | None) -> TierBytes:
         """The KV offload tiers' bytes, kept in step with the control plane's tier
         moves; closed with the plane."""
-        if self.executor.name == "mp":  # the tiers copy rank tensors from this process
-            raise ConfigError("kv_offload_*: KV offload tiers run with executor='threads' "
-                              "only (not yet with executor='mp')")
         identity = kv_identity(self.spec, self.layout, self.dtype, self.config.kv_dtype(),
                                self.block_size, self.device, self.weights_id)
         return TierBytes(self, directory, identity, self.config.kv_offload_strict)
