@@ -178,11 +178,12 @@ class Instance:
         self.plan = None
         return finished
 
-    def sync(self, t: float) -> bool:
+    def sync(self, t: float, cut: bool = True) -> bool:
         """Someone looks at this instance at time t (an arrival is being routed). If
         a fast-forwarded run is under way, play it up to t — the steps begun before t
-        have allocated, those ended before t have emitted — and cut it after the step
-        in progress. Returns True if the plan's end moved."""
+        have allocated, those ended before t have emitted — and, if `cut`, cut it after
+        the step in progress (a newcomer may join the next step). Returns True if the
+        plan's end moved."""
         plan = self.plan
         if plan is None or plan.run is None or t >= plan.end:
             return False
@@ -193,7 +194,7 @@ class Instance:
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        if started < run.steps:
+        if cut and started < run.steps:
             run.truncate(started)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
             plan.end, plan.finishes = run.end, run.finishes
