@@ -191,7 +191,8 @@ class Engine:
         if self.config.session_kv_migration == "fetch" and not partial:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
-                                       self.data_plane.copy_kv if compute else None))
+                                       self.data_plane.copy_kv if compute else None,
+                                       lambda rank, t: self._instance_of[rank].sync(t, False)))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
                               self.block_size, self.block_layout, self.layout.num_dp_ranks,
