@@ -13,9 +13,11 @@ prints, for each claim, the model's numbers and a verdict read off them (see
 
 (a) simulated seconds per wall second replaying the Mooncake trace (open loop) on
     llama-3.1-70b, tp8, h200 — read from ../shared/data, skipped if absent;
-(b) the same for an AgentX-like trace at concurrency 64 on deepseek-v3 over 16 GPUs
-    (dep16, MTP with 3 drafts at acceptance 2.99), 10 simulated minutes — once with
-    sessions starting at turn one, once part-way (AgentX's warm start). Target: 200x;
+(b) steps per CPU second and times real time of closed-loop AgentX-like replays at
+    concurrency 64: qwen3-30b-a3b dp16 (fast steps, 16 instances) and deepseek-v3
+    dep16 with MTP (slow steps), `duration_s` simulated seconds (default 600), each
+    with the step model's memo off (the old path) and on (`bench_sim.py`), then
+    deepseek-v3 sessions started part-way (AgentX's warm start);
 (c) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
     same new tokens. Lookup must follow the new tokens, not the context: ratio ~1.
 """
@@ -40,9 +42,9 @@ def shared_data_dir() -> Path | None:
     return None
 
 
-def run_bench(target: str, quick: bool = False) -> int:
+def run_bench(target: str, quick: bool = False, duration_s: float | None = None) -> int:
     if target == "sim":
-        bench_sim(quick)
+        bench_sim(quick, duration_s)
     elif target == "layouts":
         from labkit.behaviours import bench_layouts
 
@@ -80,8 +82,9 @@ def _replay_speed(label: str, engine, trace, **replay_kw) -> dict:
     return {"speed": speed, **s}
 
 
-def bench_sim(quick: bool = False) -> None:
+def bench_sim(quick: bool = False, duration_s: float | None = None) -> None:
     from labkit import Engine, generate_agentx_trace, load_trace, trace_stats
+    from labkit.bench_sim import bench_sim_speed
 
     print("labkit bench sim — simulated seconds per wall second (one run each)")
     data = shared_data_dir()
@@ -96,20 +99,16 @@ def bench_sim(quick: bool = False) -> None:
         print(f"  (implied prefix reuse of the trace: {trace_stats(trace)['prefix_reuse']:.3f}; "
               f"the engine is overloaded, so sharing calls overlap and miss)")
 
-    duration = 120.0 if quick else 600.0
-    print(f"(b) AgentX-like trace, concurrency 64, deepseek-v3 dep16 h200, MTP 3 @ 2.99, "
-          f"{duration:.0f} sim s")
-    t0 = time.perf_counter()
-    trace = generate_agentx_trace(160, seed=0)
-    print(f"  generated {len(trace.requests)} calls in {time.perf_counter() - t0:.1f} s")
-    for part_way in (False, True):
-        engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200",
-                        router="session_sticky", num_speculative_tokens=3,
-                        acceptance_length=2.99, max_model_len=1_048_576)
-        label = "part-way start" if part_way else "sessions from turn one"
-        _replay_speed(label, engine, trace, concurrency=64, duration_s=duration,
-                      start_part_way=part_way)
-    print("  target: >= 200x")
+    duration = duration_s or (120.0 if quick else 600.0)
+    print("(b) closed-loop AgentX-like replays, concurrency 64, h200: simulator speed "
+          "(CPU time of this process)")
+    bench_sim_speed(duration)
+    print("  target: >= 500x real time for qwen3-30b-a3b dp16 (goal 1000x)")
+    engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200",
+                    router="session_sticky", num_speculative_tokens=3,
+                    acceptance_length=2.99, max_model_len=1_048_576)
+    _replay_speed("deepseek-v3 dep16, part-way start", engine, generate_agentx_trace(160, seed=0),
+                  concurrency=64, duration_s=duration, start_part_way=True)
 
     print("(c) prefix lookup of one turn (same 4,096 new tokens), block size 64")
     costs = {ctx: lookup_cost(ctx) for ctx in (10_000, 1_000_000)}

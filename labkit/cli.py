@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("target",
                        choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
+    bench.add_argument("--duration-s", type=float, default=None,
+                       help="sim: simulated seconds of the replays timed in (b) "
+                            "(default 600; 120 with --quick)")
     return parser
 
 
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from labkit.bench import run_bench
 
-            return run_bench(args.target, quick=args.quick)
+            return run_bench(args.target, quick=args.quick, duration_s=args.duration_s)
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2

@@ -153,10 +153,14 @@ class DecodeRun:
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int) -> DecodeRun | None:
-    """Plan up to max_steps steady decode steps starting at `now`, or None."""
-    pairs = [(s, r) for s in schedulers for r in s.running]
+    """Plan up to max_steps steady decode steps starting at `now`, or None. Requests
+    whose prefix KV is still on the wire sit the run out; it ends before the first
+    step that starts once one of them has landed (that step schedules it)."""
+    pairs = [(s, r) for s in schedulers for r in s.running if not s.on_the_wire(r)]
     if not pairs:
         return None
+    landing = min((r.kv_ready_s for s in schedulers for r in s.running if s.on_the_wire(r)),
+                  default=np.inf)
     if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
@@ -192,16 +196,18 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
-    counts = np.array([len(s.running) for s in schedulers], dtype=np.int64)
-    base = np.array([sum(r.num_computed_tokens for r in s.running) for s in schedulers],
-                    dtype=np.int64)
+    counts = np.zeros(len(schedulers), dtype=np.int64)
+    base = np.zeros(len(schedulers), dtype=np.int64)
+    np.add.at(counts, rank_of, 1)
+    np.add.at(base, rank_of, computed)
     work = decode_work(counts, base, cum[:k], width)
     timing = cost_model.step_timing(work, lockstep)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
+    start = np.concatenate([[now], ends[:-1]])
+    within = min(within, int(np.searchsorted(start, landing, side="left")))
     if within < 1:
         return None
-    start = np.concatenate([[now], ends[:-1]])
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
     run = DecodeRun(start, timing, work, cum[: k + 1], pairs, net[:, :k], calls[:, :k],

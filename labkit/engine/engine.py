@@ -212,7 +212,8 @@ class Engine(Arrivals):
         if self.config.session_kv_migration == "fetch" and not partial:
             sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
                                        self.layout, self.events,
-                                       self.outbox.copy_blocks if compute else None))
+                                       self.outbox.copy_blocks if compute else None,
+                                       lambda rank, t: self._instance_of[rank].sync(t, False)))
         if self.config.cpu_kv_gib:
             offload = Offload(self.config, self.hardware, self.layout, self.placement,
                               self.block_size, self.block_layout, self.layout.num_dp_ranks,
@@ -383,11 +384,13 @@ class Engine(Arrivals):
     def _arrive(self, req: Request) -> None:
         if self.events.wants(RequestArrived):
             self.events.emit(RequestArrived(self.now, req.request_id, req.session_id))
-        for instance in self.instances:  # let fast-forwarded runs catch up to now
-            if instance.sync(self.now):
-                instance.plan_version += 1
-                self._push_timer(instance.plan.end, _COMMIT, instance)
+        for instance in self.instances:  # let fast-forwarded runs catch up to now...
+            instance.sync(self.now, cut=False)
         rank = self.router.route(req, self.now)
+        target = self._instance_of[rank]
+        if target.sync(self.now):  # ...and cut the one the newcomer joins; the others' runs
+            target.plan_version += 1  # go on (a step-by-step replay takes the same steps)
+            self._push_timer(target.plan.end, _COMMIT, target)
         self.schedulers[rank].add_request(req)
         self._wake(self._instance_of[rank])
 
@@ -400,8 +403,9 @@ class Engine(Arrivals):
         self._waking.pop(instance.index, None)
         if instance.plan is not None:
             return
-        horizon = min(self._arrivals[0][0] if self._arrivals else math.inf, self.stop_s)
-        plan = instance.plan_next(self.now, horizon)
+        # A run may go past the next arrival: the arrival cuts it only if it joins this
+        # instance (`_arrive`), and which instance that is is not known yet.
+        plan = instance.plan_next(self.now, self.stop_s)
         if plan is not None:
             instance.plan = plan
             instance.plan_version += 1

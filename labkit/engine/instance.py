@@ -117,7 +117,8 @@ class Instance:
 
     def _emit_started(self, plan: Plan) -> None:
         if plan.run is not None:
-            per_rank = [[r.request_id for r in s.running] for s in self.schedulers]
+            per_rank = [[r.request_id for s2, r in plan.run.pairs if s2 is s]
+                        for s in self.schedulers]
         else:
             per_rank = [[r.request_id for r in b.requests] for b in plan.batches]
         self.events.emit(StepStarted(plan.start, self.index, self.ranks, self.step_index,
@@ -188,11 +189,12 @@ class Instance:
         self.plan = None
         return finished
 
-    def sync(self, t: float) -> bool:
+    def sync(self, t: float, cut: bool = True) -> bool:
         """Someone looks at this instance at time t (an arrival is being routed). If
         a fast-forwarded run is under way, play it up to t — the steps begun before t
-        have allocated, those ended before t have emitted — and cut it after the step
-        in progress. Returns True if the plan's end moved."""
+        have allocated, those ended before t have emitted — and, if `cut`, cut it after
+        the step in progress (a newcomer may join the next step). Returns True if the
+        plan's end moved."""
         plan = self.plan
         if plan is None or plan.run is None or t >= plan.end:
             return False
@@ -203,7 +205,7 @@ class Instance:
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        if started < run.steps:
+        if cut and started < run.steps:
             run.truncate(started)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
             plan.end, plan.finishes = run.end, run.finishes
@@ -236,13 +238,34 @@ class Instance:
             ))
         self.step_index += stop - first
 
+    def _run_tokens(self, run: DecodeRun, first: int, stop: int):
+        """RequestTokens columns of steps [first, stop) of a run, ordered as a single
+        step orders them: per rank, the stepping requests, then those whose KV is still
+        on the wire (no new tokens)."""
+        context, held = run.tokens(first, stop)
+        steps = stop - first
+        columns, pairs = [], []
+        for s in self.schedulers:
+            mine = [i for i, (owner, _) in enumerate(run.pairs) if owner is s]
+            wire = [r for r in s.running if s.on_the_wire(r)]
+            pairs += [run.pairs[i] for i in mine] + [(s, r) for r in wire]
+            waiting = np.array([[r.num_computed_tokens for r in wire]] * steps,
+                               dtype=np.int64).reshape(steps, len(wire))
+            columns.append((context[:, mine], held[:, mine], waiting, len(mine)))
+        context = np.concatenate([np.concatenate([c, w], axis=1) for c, _, w, _ in columns],
+                                 axis=1)
+        held = np.concatenate([np.concatenate([h, w], axis=1) for _, h, w, _ in columns],
+                              axis=1)
+        stepping = np.concatenate([np.r_[np.ones(n, dtype=bool), np.zeros(w.shape[1], bool)]
+                                   for _, _, w, n in columns])
+        num_new = np.where(stepping, run.width, 0) + np.zeros_like(context)
+        decode = np.broadcast_to(stepping, context.shape).copy()
+        return pairs, context, num_new, decode, held
+
     def _emit_tokens(self, plan: Plan, first: int, stop: int, end: float) -> None:
         """RequestTokens for steps [first, stop) of the plan (before the counter moves)."""
         if plan.run is not None:
-            pairs = plan.run.pairs
-            context, held = plan.run.tokens(first, stop)
-            num_new = np.full_like(context, plan.run.width)
-            decode = np.ones(context.shape, dtype=bool)
+            pairs, context, num_new, decode, held = self._run_tokens(plan.run, first, stop)
         else:
             rows = []  # (scheduler, request, context, new tokens, decode)
             for s, batch in zip(self.schedulers, plan.batches):

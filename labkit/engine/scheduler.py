@@ -153,8 +153,9 @@ class Scheduler:
         return bool(self.running) or len(self.waiting) > 0
 
     def is_steady(self) -> bool:
-        """Every running request decodes, all fit in the budget, nobody waits:
-        the next steps are identical in shape until something finishes."""
+        """Every running request decodes (or waits for its prefix KV on the wire, which
+        the steps skip until it lands: `on_the_wire`), all fit in the budget, nobody
+        waits: the next steps are identical in shape until something finishes."""
         if len(self.waiting) or not self.running:
             return False
         cfg = self.config
@@ -162,7 +163,18 @@ class Scheduler:
         if per_req * len(self.running) > cfg.max_num_batched_tokens or \
                 0 < cfg.long_prefill_token_threshold < per_req:
             return False
-        return all(r.is_decoding and not r.pending_copies for r in self.running)
+        decoding = 0
+        for r in self.running:
+            if r.kv_ready_s > self.now:
+                continue
+            if not r.is_decoding or r.pending_copies:
+                return False
+            decoding += 1
+        return decoding > 0
+
+    def on_the_wire(self, req: Request) -> bool:
+        """Is req's prefix KV still being copied here (the steps skip it until then)?"""
+        return req.kv_ready_s > self.now
 
     # -------------------------------------------------------------- schedule
     def schedule(self, step_index: int, throttle_prefills: bool | None = None) -> RankBatch:
@@ -194,7 +206,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.kv_ready_s > self.now:  # its prefix KV is still on the wire
+            if self.on_the_wire(req):  # its prefix KV is still on the wire
                 i += 1
                 continue
             if req.kv_ready_s:

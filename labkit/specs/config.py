@@ -111,6 +111,8 @@ class EngineConfig:
     seed: int = knob(0, "seed of every random choice")
     sim_fast_forward: bool = knob(
         True, "simulate runs of steady decode steps in one go (same results, faster)")
+    sim_step_cache: bool = knob(
+        True, "remember step costs that depend only on token counts (same results, faster)")
 
     def __post_init__(self) -> None:
         sizes = self.cudagraph_capture_sizes

@@ -6,7 +6,7 @@ import pytest
 
 from support import small_agentx
 from labkit import Engine
-from labkit.engine.events import BlocksAllocated, BlocksCached
+from labkit.engine.events import BlocksAllocated, BlocksCached, RequestTokens
 
 CONFIGS = {
     "single rank": dict(model="tiny-llama", layout="tp1"),
@@ -16,6 +16,10 @@ CONFIGS = {
     "dp2 prefix-aware": dict(model="tiny-llama", layout="dp2", router="prefix_aware"),
     "dp3 round-robin, KV fetched on moves": dict(model="tiny-llama", layout="dp3",
                                                  router="round_robin"),
+    # KV fetched across nodes takes several steps: runs go on while it is on the wire
+    "tp8xdp2 round-robin, KV fetched across nodes": dict(model="llama-3.1-8b",
+                                                         layout="tp8xdp2",
+                                                         router="round_robin"),
     "dp2 least-kv, tight KV": dict(model="tiny-llama", layout="dp2", router="least_kv",
                                    num_gpu_blocks_override=1400),
     "dep4 lockstep": dict(model="tiny-qwen3-moe", layout="dep4", num_speculative_tokens=2,
@@ -74,3 +78,30 @@ def test_fast_forward_really_skips_steps():
         counts[ff] = (chunks, len(result.steps))
     assert counts[True][1] == counts[False][1]  # the same steps...
     assert counts[True][0] < counts[False][0] / 3  # ...in far fewer rounds
+
+
+def test_fast_forward_reports_the_same_request_tokens():
+    """Runs go on while a moved call's KV is on the wire (it sits them out): the
+    per-step RequestTokens rows, the waiting call's included, are those of single steps.
+    (Two tp8 replicas on two nodes: a moved call's KV crosses the network for several
+    steps; a tiny model's would land within one.)"""
+    cfg = CONFIGS["tp8xdp2 round-robin, KV fetched across nodes"]
+    rows = {}
+    for ff in (True, False):
+        engine = Engine(hardware="h100", block_size=16, sim_fast_forward=ff, **cfg)
+        log = rows[ff] = []
+
+        def per_step(e, log=log):
+            for j, step in enumerate(e.step_index.tolist()):
+                log.append((e.instance, step, tuple(e.request_ids), tuple(e.ranks.tolist()),
+                            tuple(e.context[j].tolist()), tuple(e.num_new[j].tolist()),
+                            tuple(e.decode[j].tolist()), tuple(e.held[j].tolist())))
+
+        engine.events.subscribe(per_step, RequestTokens)
+        result = engine.replay(small_agentx(6, seed=3), concurrency=4, duration_s=60,
+                               max_idle_s=2.0, start_part_way=True)
+        if ff:
+            assert result.summary["kv_fetched_tokens"] > 0
+    waited = [r for r in rows[False] if 0 in r[5]]
+    assert waited  # some steps ran while a call's KV was on the wire
+    assert sorted(rows[True]) == sorted(rows[False])

@@ -42,6 +42,7 @@ import numpy as np
 
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
+from labkit.engine.sim.memo import ExactMemo, no_memo
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.sim.work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
@@ -52,8 +53,9 @@ STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and 
 class LayerStepModel:
     def __init__(self, placement: Placement, ops, num_speculative_tokens: int = 0, *,
                  overheads: StepOverheads | None = None, moe_routing: str = "balanced",
-                 seed: int = 0) -> None:
-        """`overheads` None: kernels only (a bare forward pass)."""
+                 seed: int = 0, memoize: bool = True) -> None:
+        """`overheads` None: kernels only (a bare forward pass). `memoize`: remember the
+        pieces that depend only on token counts (`memo.py`; exact, same results)."""
         self.placement = placement
         self.ops = ops
         self.model = m = placement.model
@@ -78,6 +80,7 @@ class LayerStepModel:
         self.moe_curve = factor_curve(m.num_experts, m.num_experts_per_tok, lay.ep, moe_routing,
                                       placement.redundant_experts, max(m.num_moe_layers, 1),
                                       seed, sampled=True) if m.is_moe else None
+        self.memo = ExactMemo() if memoize else no_memo
 
     @classmethod
     def from_config(cls, placement: Placement, ops, config: EngineConfig,
@@ -94,7 +97,8 @@ class LayerStepModel:
                                   decode_query_len=q, max_num_seqs=config.max_num_seqs,
                                   async_scheduling=config.async_scheduling, layers=layers)
         return cls(placement, ops, config.num_speculative_tokens, overheads=overheads,
-                   moe_routing=config.moe_routing, seed=config.seed)
+                   moe_routing=config.moe_routing, seed=config.seed,
+                   memoize=config.sim_step_cache)
 
     @property
     def min_step_s(self) -> float:
@@ -106,7 +110,10 @@ class LayerStepModel:
         mode, padded = self._graphs(work, lockstep)
         stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0, padded)
         t_dec = np.where(work.idle & lockstep, 1, work.decode_tokens)
-        extra = self._lm_head(work.num_prefill_reqs + t_dec) + self._drafts(work.num_decode_reqs)
+        rows = work.num_prefill_reqs + t_dec
+        extra = self.memo("lm_head", (rows,), lambda: self._lm_head(rows)) + \
+            self.memo("drafts", (work.num_decode_reqs,),
+                      lambda: self._drafts(work.num_decode_reqs))
         if pp == 1:
             compute, comm = stage_compute + extra, stage_comm
         else:
@@ -140,7 +147,10 @@ class LayerStepModel:
     def _graphs(self, work: StepWork, lockstep: bool):
         if self.overheads is None:
             return None, None
-        return self.overheads.graphs(work, lockstep, self.layout.pcp, self.width)
+        return self.memo("graphs", (lockstep, work.prefill_tokens, work.decode_tokens,
+                                    work.num_prefill_reqs, work.num_decode_reqs, work.idle),
+                         lambda: self.overheads.graphs(work, lockstep, self.layout.pcp,
+                                                       self.width))
 
     def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
@@ -163,7 +173,7 @@ class LayerStepModel:
         else:
             group = replica.sum(axis=1, keepdims=True) if lockstep else replica
         attn, attn_comm = self._attention_layer(work, tokens, t_dec)
-        mlp, mlp_comm = self._mlp_layer(tokens, group)
+        mlp, mlp_comm = self.memo("mlp", (tokens, group), lambda: self._mlp_layer(tokens, group))
         linear = self._linear_layer(work, tokens)
         compute = (self.full_layers * attn + self.moe_layers * mlp[1]
                    + self.dense_layers * mlp[0] + self.linear_layers * linear)
@@ -179,6 +189,23 @@ class LayerStepModel:
     def _attention_layer(self, work: StepWork, tokens, t_dec, window: int = 0):
         """One attention layer; `window` > 0: a sliding-window layer, whose queries
         read at most `window` positions each."""
+        proj = self.memo("attention_proj", (tokens, t_dec),
+                         lambda: self._attention_proj(tokens, t_dec))
+        core = self._decode_core(work, window) + self._prefill_core(work, window)
+        comm = 0.0
+        # DCP runs attention over token shards (gather queries, merge partial outputs)
+        # for decode, and for prefill unless the chunk gathers the KV instead
+        p, ops = self.placement, self.ops
+        gathered = self.layout.pcp > 1 or p.gathers_prefix_for_prefill()
+        sharded = t_dec if gathered else tokens
+        collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
+                                       _prefill_prefix(work), sharded)
+        for op, nbytes, n in collectives.values():
+            comm = comm + ops.collective(op, nbytes, n)
+        return proj + core, comm
+
+    def _attention_proj(self, tokens, t_dec):
+        """An attention layer's projections (GEMMs), which see only token counts."""
         m, ops, w = self.model, self.ops, self.wdtype
         h, heads = m.hidden_size, self.heads
         if m.is_mla:
@@ -198,18 +225,7 @@ class LayerStepModel:
             kv_heads = self.placement.kv_heads_per_gpu
             proj = ops.gemm(tokens, (heads + 2 * kv_heads) * m.head_dim, h, w)
             proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
-        core = self._decode_core(work, window) + self._prefill_core(work, window)
-        comm = 0.0
-        # DCP runs attention over token shards (gather queries, merge partial outputs)
-        # for decode, and for prefill unless the chunk gathers the KV instead
-        p = self.placement
-        gathered = self.layout.pcp > 1 or p.gathers_prefix_for_prefill()
-        sharded = t_dec if gathered else tokens
-        collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
-                                       _prefill_prefix(work), sharded)
-        for op, nbytes, n in collectives.values():
-            comm = comm + ops.collective(op, nbytes, n)
-        return proj + core, comm
+        return proj
 
     def _decode_core(self, work: StepWork, window: int = 0):
         m, lay, ops = self.model, self.layout, self.ops

@@ -1,0 +1,82 @@
+"""`labkit bench sim`, part (b): how fast the simulator steps, on two workloads.
+
+- **fast steps, many instances**: a closed-loop AgentX-like replay at concurrency 64
+  on qwen3-30b-a3b over 16 independent DP ranks (dp16, h200, max_model_len 262144,
+  the trace of `labkit trace gen --kind agentx --sessions 400 --seed 11 --param
+  context_window_tokens=200000 --param compact_threshold_tokens=167000`). Steps last
+  a few milliseconds, so the simulator's own cost per step is what sweeps wait for;
+- **slow steps**: the same kind of replay on deepseek-v3 dep16 with MTP (3 drafts at
+  acceptance 2.99), sessions from turn one (160 sessions, seed 0).
+
+Each runs twice in one process: with the step model's exact memo off (the code path
+before it, `sim_step_cache=False`) and on (the default). The two must agree bit for bit
+(checked and printed). Printed per run: simulated seconds, steps (engine steps, and
+rank-steps: rows of the steps table), CPU seconds of this process (the machine may be
+shared: CPU time is what a core spent), wall seconds, steps per CPU second, and times
+real time (simulated seconds per CPU second).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+
+FAST = dict(model="qwen3-30b-a3b", layout="dp16", hardware="h200", max_model_len=262144)
+SLOW = dict(model="deepseek-v3", layout="dep16", hardware="h200", router="session_sticky",
+            num_speculative_tokens=3, acceptance_length=2.99, max_model_len=1_048_576)
+
+
+def workloads():
+    """(label, engine knobs, trace) of the two workloads (traces generated here)."""
+    from labkit import generate_agentx_trace
+
+    fast = generate_agentx_trace(400, seed=11, context_window_tokens=200_000,
+                                 compact_threshold_tokens=167_000)
+    slow = generate_agentx_trace(160, seed=0)
+    return [("qwen3-30b-a3b dp16 (fast steps)", FAST, fast),
+            ("deepseek-v3 dep16 MTP (slow steps)", SLOW, slow)]
+
+
+def timed_replay(knobs: dict, trace, duration_s: float, cache: bool):
+    """One closed-loop c64 replay; (result, CPU seconds, wall seconds)."""
+    from labkit import Engine
+
+    engine = Engine(**knobs, sim_step_cache=cache)
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = engine.replay(trace, concurrency=64, duration_s=duration_s, start_part_way=False)
+    return result, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def bench_sim_speed(duration_s: float = 600.0) -> pd.DataFrame:
+    rows = []
+    for label, knobs, trace in workloads():
+        print(f"  {label}, {duration_s:.0f} sim s:")
+        results = {}
+        for cache in (False, True):
+            result, cpu, wall = timed_replay(knobs, trace, duration_s, cache)
+            results[cache] = result
+            s = result.summary
+            row = {"workload": label, "path": "memo" if cache else "no memo",
+                   "sim_s": s["sim_duration_s"], "steps": s["steps"],
+                   "rank_steps": len(result.steps), "cpu_s": cpu, "wall_s": wall,
+                   "steps_per_s": s["steps"] / cpu, "rank_steps_per_s": len(result.steps) / cpu,
+                   "x_real_time": s["sim_duration_s"] / cpu}
+            rows.append(row)
+            print(f"    {row['path']:>8}: {row['sim_s']:.0f} sim s, {row['steps']:,} steps "
+                  f"({row['rank_steps']:,} rank-steps), {cpu:.2f} CPU s ({wall:.2f} wall s): "
+                  f"{row['steps_per_s']:,.0f} steps/s, {row['x_real_time']:,.0f}x real time")
+        print(f"    speed-up {rows[-2]['cpu_s'] / rows[-1]['cpu_s']:.2f}x; results identical: "
+              f"{_identical(results[False], results[True])}")
+    return pd.DataFrame(rows)
+
+
+def _identical(a, b) -> bool:
+    """Same tables and summary (NaN equal to NaN; the wall-clock entries aside)."""
+    def summary(result) -> str:
+        kept = {k: v for k, v in result.summary.items() if k not in ("wall_s", "sim_speed")}
+        return json.dumps(kept, sort_keys=True, default=str)
+
+    return a.requests.equals(b.requests) and a.steps.equals(b.steps) and \
+        summary(a) == summary(b)

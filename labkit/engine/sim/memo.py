@@ -1,0 +1,55 @@
+"""An exact memo for the step model's pure pieces.
+
+Most of what one engine step costs depends only on a few token counts: the GEMMs see
+the (padded) tokens through a GPU, the MoE kernel the tokens its expert group routes,
+the LM head the rows it samples. A replay meets the same counts over and over (a
+decode batch of 4 requests pads to the same graph size every step), yet the cost
+model would recompute them from scratch each time — some hundred small numpy calls
+per step. The step model therefore asks this memo first.
+
+Exactness, not approximation: the key is the pieces' exact inputs (dtype, shape and
+bytes of every array, the value of every other argument), nothing is bucketed or
+rounded, and a hit returns the very array computed the first time. So a replay with
+the memo is the same, bit for bit, as one without it (`sim_step_cache=False`), which
+`tests/engine/test_step_memo.py` checks. Cached arrays are shared: callers must never
+write into them (the step model only builds new arrays from them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_ENTRIES = 1 << 16  # a few MB; a replay's distinct batch shapes number in the hundreds
+
+
+class ExactMemo:
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._store: dict = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, name: str, inputs: tuple, compute):
+        """compute(), a pure function of `inputs`, evaluated once per distinct exact
+        value of them (`name` tells the pieces apart)."""
+        key = (name, *[_key(x) for x in inputs])
+        found = self._store.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        if len(self._store) >= self.max_entries:  # bounded memory: start over
+            self._store.clear()
+        value = self._store[key] = compute()
+        return value
+
+
+def no_memo(name: str, inputs: tuple, compute):
+    """The memo switched off (`sim_step_cache=False`): always compute."""
+    return compute()
+
+
+def _key(x):
+    if isinstance(x, np.ndarray):
+        return x.dtype.str, x.shape, x.tobytes()
+    return x
