@@ -74,13 +74,14 @@ class Deployment:
 
 
 # -------------------------------------------------------------------- search space
-def legal_layouts(model, hardware, gpus: int, only=None) -> list[tuple[str, int]]:
+def legal_layouts(model, hardware, gpus: int, only=None,
+                  knobs: dict | None = None) -> list[tuple[str, int]]:
     """(layout, its GPUs) the model accepts within `gpus`, fewest GPUs first; `only`
     restricts them to the given layout strings (each must be legal)."""
     from labkit.specs import Layout
     from labkit.widgets.layout_choices import options
 
-    table = options(model, hardware)
+    table = options(model, hardware, **(knobs or {}))
     legal = {text: Layout.parse(text).gpus for by in table.values() for text in by.values()}
     if only is not None:
         for text in only:
@@ -94,17 +95,21 @@ def legal_layouts(model, hardware, gpus: int, only=None) -> list[tuple[str, int]
 
 def search_space(model, hardware, gpus: int, concurrency=(8,), layouts=None,
                  disaggregated: bool = True, max_num_batched_tokens=(None,),
-                 long_prefill_token_threshold=(None,), max_groups: int = 2) -> list[Deployment]:
-    """Every point the planner simulates, in a fixed order."""
+                 long_prefill_token_threshold=(None,), max_groups: int = 2,
+                 pd_layouts=None, knobs: dict | None = None) -> list[Deployment]:
+    """Every point the planner simulates, in a fixed order. `pd_layouts`: the layouts
+    P/D roles may take (default: those of `layouts`)."""
     from labkit.engine.disagg import check_decode_layout
     from labkit.specs import Layout
 
     checks.integer("gpus", gpus, low=1)
     checks.integer("max_groups", max_groups, low=1)
-    legal = legal_layouts(model, hardware, gpus, layouts)
+    legal = legal_layouts(model, hardware, gpus, layouts, knobs)
     shapes = [dict(layout=text, gpus=n) for text, n in legal]
+    roles = legal if pd_layouts is None else legal_layouts(model, hardware, gpus, pd_layouts,
+                                                           knobs)
     if disaggregated:
-        for (p_text, p_gpus), (d_text, d_gpus) in itertools.product(legal, legal):
+        for (p_text, p_gpus), (d_text, d_gpus) in itertools.product(roles, roles):
             try:
                 check_decode_layout(Layout.parse(d_text), "decode")
             except ConfigError:
@@ -121,9 +126,10 @@ def search_space(model, hardware, gpus: int, concurrency=(8,), layouts=None,
 
 # ------------------------------------------------------------------ one point
 def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: float,
-             slo, on_oversize: str = "error") -> dict:
+             slo, on_oversize: str = "error", knobs: dict | None = None) -> dict:
     """Replay `trace` on one deployment (a worker's task); its row of metrics.
-    `trace`: a Trace, or a path (loaded once per worker process)."""
+    `trace`: a Trace, or a path (loaded once per worker process); `knobs`: engine
+    knobs every deployment shares (e.g. max_model_len)."""
     from labkit.engine import Engine
     from labkit.engine.disagg import PDEngine
 
@@ -131,12 +137,13 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
     if isinstance(trace, (str, os.PathLike)):
         trace = _load(os.fspath(trace))
     row = {"config": d.name, **asdict(d), "status": "ok", "error": None}
+    knobs = {**(knobs or {}), **d.knobs()}
     try:
         if d.prefill_layout is None:
-            engine = Engine(model, d.layout, hardware, **d.knobs())
+            engine = Engine(model, d.layout, hardware, **knobs)
         else:
             engine = PDEngine(model, d.prefill_layout, d.layout, hardware, d.num_prefill,
-                              d.num_decode, **d.knobs())
+                              d.num_decode, **knobs)
         summary = engine.replay(trace, concurrency=d.concurrency, duration_s=duration_s,
                                 warmup_s=warmup_s, slo=slo, on_oversize=on_oversize).summary
     except ConfigError as err:
@@ -168,11 +175,12 @@ class PlanResult:
 def plan(trace, model, hardware="h200", gpus: int = 8, slo="ttft=2,tpot=0.05",
          concurrency=(8,), duration_s: float = 60.0, warmup_s: float | None = None,
          layouts=None, disaggregated: bool = True, max_num_batched_tokens=(None,),
-         long_prefill_token_threshold=(None,), max_groups: int = 2,
+         long_prefill_token_threshold=(None,), max_groups: int = 2, pd_layouts=None,
          min_attainment: float = 0.9, executor: str = "local", jobs: int = 1,
          ray_address: str | None = None, progress: bool | None = None,
-         on_oversize: str = "error") -> PlanResult:
-    """Simulate every point of the search space and rank them (see the module doc)."""
+         on_oversize: str = "error", knobs: dict | None = None) -> PlanResult:
+    """Simulate every point of the search space and rank them (see the module doc).
+    `knobs`: engine knobs all deployments share (``{"max_model_len": 262144}``)."""
     from tqdm.auto import tqdm
 
     from labkit.engine.slo import metric_options
@@ -186,11 +194,12 @@ def plan(trace, model, hardware="h200", gpus: int = 8, slo="ttft=2,tpot=0.05",
     for c in concurrency:
         checks.integer("concurrency", c, low=1)
     space = search_space(model, hardware, gpus, concurrency, layouts, disaggregated,
-                         max_num_batched_tokens, long_prefill_token_threshold, max_groups)
+                         max_num_batched_tokens, long_prefill_token_threshold, max_groups,
+                         pd_layouts, knobs)
     if not space:
         raise ConfigError(f"no layout of {model} on {hardware} fits in {gpus} GPUs")
     warmup = _warmup(duration_s, warmup_s)
-    tasks = [(asdict(d), trace, model, hardware, duration_s, warmup, slo, on_oversize)
+    tasks = [(asdict(d), trace, model, hardware, duration_s, warmup, slo, on_oversize, knobs)
              for d in space]
     rows: list[dict | None] = [None] * len(tasks)
     show = sys.stderr.isatty() if progress is None else progress

@@ -2,8 +2,9 @@
 
     labkit plan --trace FILE --model M --hardware H --gpus N --slo ttft=2,tpot=0.05
                 [--concurrency 8,32] [--duration-s S] [--warmup-s S] [--layouts L1,L2]
-                [--no-pd] [--max-groups G] [--max-num-batched-tokens 2048,8192]
-                [--long-prefill-token-threshold 0,4096] [--min-attainment 0.9]
+                [--no-pd] [--pd-layouts L1,L2] [--max-groups G] [--max-model-len N]
+                [--max-num-batched-tokens 2048,8192] [--long-prefill-token-threshold 0,4096]
+                [--min-attainment 0.9]
                 [--executor local|ray] [--ray-address ADDR] [--jobs J] [--top K]
                 [--out DIR [--overwrite]]
 
@@ -48,6 +49,9 @@ def add_plan_parser(subparsers) -> None:
     p.add_argument("--duration-s", type=float, default=60.0, help="simulated s per point")
     p.add_argument("--warmup-s", type=float, help="default: a fifth of --duration-s")
     p.add_argument("--layouts", help="only these layouts (default: every legal one)")
+    p.add_argument("--pd-layouts", help="layouts the P/D roles may take (default: --layouts)")
+    p.add_argument("--max-model-len", type=int, help="the engine knob, for every "
+                                                      "configuration (default: the model's)")
     p.add_argument("--pd", action=argparse.BooleanOptionalAction, default=True,
                    help="also try prefill/decode splits (default: on)")
     p.add_argument("--max-groups", type=int, default=2, help="most groups of one P/D role")
@@ -85,7 +89,10 @@ def run_plan_command(args) -> int:
                           long_prefill_token_threshold=_ints(
                               "--long-prefill-token-threshold",
                               args.long_prefill_token_threshold),
-                          max_groups=args.max_groups, min_attainment=args.min_attainment,
+                          max_groups=args.max_groups, pd_layouts=_texts(args.pd_layouts),
+                          knobs=({"max_model_len": args.max_model_len}
+                                 if args.max_model_len is not None else None),
+                          min_attainment=args.min_attainment,
                           executor=args.executor, jobs=args.jobs,
                           ray_address=args.ray_address, progress=args.progress,
                           on_oversize=args.on_oversize)
