@@ -104,15 +104,17 @@ def run_plan_command(args) -> int:
         print(f"labkit plan: error: {err}", file=sys.stderr)
         return 2
     failed = int((result.results["status"] != "ok").sum())
+    # the knobs not searched are empty columns: left out of the printed tables
+    shown = [c for c in SHOWN if result.results[c].notna().any()]
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"{len(result.results)} configurations simulated ({failed} refused by the "
               f"engine); {len(result.best)} meet the SLOs ({args.slo}, attainment >= "
               f"{args.min_attainment:g})")
         if len(result.best):
             print("\nbest, by goodput per GPU:")
-            print(result.best[SHOWN].head(args.top).to_string(index=False))
+            print(result.best[shown].head(args.top).to_string(index=False))
         print("\nthroughput per GPU vs interactivity frontier:")
-        print(result.frontier[SHOWN].to_string(index=False))
+        print(result.frontier[shown].to_string(index=False))
     return 0 if len(result.best) else 1
 
 
