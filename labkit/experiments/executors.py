@@ -117,6 +117,9 @@ def _run_ray(fn, args, jobs, address):
     started = not ray.is_initialized()
     if started:
         if address is None:  # a private local cluster, as wide as --jobs
+            # Ray's memory monitor kills tasks when the *machine* is nearly full,
+            # whoever fills it; on a shared workstation that kills a sweep's points
+            os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
             ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False)
