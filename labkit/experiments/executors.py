@@ -107,6 +107,29 @@ def _main_module_hidden():
 
 
 # --------------------------------------------------------------------------- ray
+RAY_START_ATTEMPTS = 2
+
+
+def _start_ray(ray, address: str | None, jobs: int) -> None:
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+        return
+    # a private local cluster, as wide as --jobs. Ray's memory monitor kills tasks when
+    # the *machine* is nearly full, whoever fills it: on a shared workstation that
+    # kills a sweep's points.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception:  # noqa: BLE001 - Ray raises a bare Exception on a slow start
+            # the node did not register within Ray's fixed 30 s (a busy machine: its
+            # agents are still importing); a second start finds them warm
+            ray.shutdown()
+            if attempt == RAY_START_ATTEMPTS:
+                raise
+
+
 def _run_ray(fn, args, jobs, address):
     import ray
 
@@ -116,13 +139,7 @@ def _run_ray(fn, args, jobs, address):
     os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
     started = not ray.is_initialized()
     if started:
-        if address is None:  # a private local cluster, as wide as --jobs
-            # Ray's memory monitor kills tasks when the *machine* is nearly full,
-            # whoever fills it; on a shared workstation that kills a sweep's points
-            os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        _start_ray(ray, address, jobs)
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     refs: dict = {}
     try:
