@@ -14,6 +14,8 @@
     labkit capacity --model M --layout L --hardware H --context N [--json]
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p ...] --out DIR [--jobs J]
     labkit pd profile | sweep ...   (prefill/decode rate matching: see experiments/pd_cli.py)
+    labkit plan --trace F --model M --gpus N --slo ttft=2,tpot=0.05 ...   (the deployment
+                planner: see experiments/plan_cli.py)
     labkit validate [--data DIR] [--json]   (measured serving runs: see labkit/validate)
     labkit bench sim | costmodel | layouts | kernels | compute | kv
     labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
@@ -198,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     from labkit.experiments.pd_cli import add_pd_parser
 
     add_pd_parser(sub, add_knob_flags)
+    from labkit.experiments.plan_cli import add_plan_parser
+
+    add_plan_parser(sub)
     from labkit.validate.cli import add_parser as add_validate_parser
 
     add_validate_parser(sub)
@@ -239,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             from labkit.experiments.pd_cli import run_pd_command
 
             return run_pd_command(args, knobs_from_args(args))
+        if args.command == "plan":
+            from labkit.experiments.plan_cli import run_plan_command
+
+            return run_plan_command(args)
         if args.command == "validate":
             from labkit.validate.cli import run as run_validate
 

@@ -9,7 +9,9 @@
 (`labkit.experiments.cli`). The notebooks live in ``notebooks/experiments/``:
 `agentx_replay.ipynb` (one replay, writes requests.parquet, steps.parquet,
 summary.json) and `compare.ipynb` (the throughput/GPU vs interactivity frontier of a
-sweep). See `labkit.experiments.sweep` for run names and the results.parquet schema.
+sweep). See `labkit.experiments.sweep` for run names and the results.parquet schema,
+`executors` for where points run (local processes or Ray tasks), `resume` for
+``--resume``, and `plan` for the deployment planner (`labkit plan`).
 """
 
 from __future__ import annotations

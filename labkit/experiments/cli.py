@@ -1,7 +1,8 @@
 """`labkit sweep`: the command-line face of `labkit.experiments.sweep`.
 
     labkit sweep NOTEBOOK -p NAME V1,V2 [-p NAME2 V1,V2 ...] --out DIR [--jobs J]
-                 [--overwrite] [--timeout S] [--progress | --no-progress]
+                 [--executor local|ray [--ray-address ADDR]] [--overwrite | --resume]
+                 [--timeout S] [--progress | --no-progress]
 
 `add_sweep_parser(subparsers)` adds the subcommand to `labkit`'s parser and
 `run_sweep_command(args)` runs it. Exit status: 0 when every run succeeded, 1 when
@@ -23,6 +24,9 @@ The grid is the cartesian product of the -p lists. Each point runs in its own pr
 DIR/<run>/notebook.ipynb. DIR/results.parquet gets one row per run: the swept
 parameters, run, status, error, run_s, then the run's summary.json flattened (a
 summary key that is also a swept parameter is written as summary.<key>).
+--executor ray runs each point as a Ray task: on the cluster at --ray-address, else on
+a local Ray cluster of --jobs CPUs (pip install 'labkit[ray]'). --resume keeps the
+points DIR already holds complete (same notebook, same grid) and runs the others.
 Values are typed like papermill's -p: True/False, None, ints, floats, else strings
 (quote one to keep it a string: -p name '"8"'). Relative paths in values resolve
 against the current directory.
@@ -52,8 +56,16 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                         help="where runs and results.parquet go (new or empty)")
     parser.add_argument("--jobs", "-j", dest="sweep_jobs", type=int, default=1, metavar="J",
                         help="runs at once, each in its own process (default: 1)")
+    parser.add_argument("--executor", dest="sweep_executor", default="local",
+                        metavar="local|ray", help="where points run: local processes "
+                        "(default) or Ray tasks")
+    parser.add_argument("--ray-address", dest="sweep_ray_address", metavar="ADDR",
+                        help="a running Ray cluster (ray.init(address=...)); default: a "
+                             "local one of --jobs CPUs")
     parser.add_argument("--overwrite", dest="sweep_overwrite", action="store_true",
                         help="allow a DIR that already holds files; replaces this grid's runs")
+    parser.add_argument("--resume", dest="sweep_resume", action="store_true",
+                        help="keep the points DIR holds complete; run lost or failed ones")
     parser.add_argument("--timeout", dest="sweep_timeout", type=float, default=None,
                         metavar="S", help="fail a run whose cell runs longer than S seconds")
     parser.add_argument("--progress", dest="sweep_progress",
@@ -74,7 +86,8 @@ def run_sweep_command(args) -> int:
         params = parse_parameter_args(args.sweep_parameters)
         results = run_sweep(args.notebook, params, args.sweep_out, jobs=args.sweep_jobs,
                             progress=args.sweep_progress, overwrite=args.sweep_overwrite,
-                            timeout=args.sweep_timeout)
+                            timeout=args.sweep_timeout, executor=args.sweep_executor,
+                            ray_address=args.sweep_ray_address, resume=args.sweep_resume)
     except ConfigError as err:
         print(f"labkit sweep: error: {err}", file=sys.stderr)
         return 2

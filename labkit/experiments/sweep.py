@@ -1,9 +1,11 @@
 """Parameter sweeps over an experiment notebook, run with papermill.
 
 A sweep is the cartesian product of lists of parameter values. Every point runs the
-notebook once with papermill, in its own worker process (`jobs` at a time), with
-``output_dir = OUT/<run name>`` injected next to the point's parameters; the executed
-notebook is kept at ``OUT/<run name>/notebook.ipynb``. A failing point is reported
+notebook once with papermill, in a worker of the chosen executor (`executors.py`:
+local processes, `jobs` at a time, or Ray tasks), with ``output_dir = OUT/<run name>``
+injected next to the point's parameters; the executed notebook is kept at
+``OUT/<run name>/notebook.ipynb``, and a point that succeeded gets ``run.json`` (its
+parameters and seconds), which lets ``resume`` keep it (`resume.py`). A failing point is reported
 (on stderr and in the results) and the others go on. At the end ``OUT/results.parquet``
 holds one row per run, written atomically.
 
@@ -36,31 +38,30 @@ parameters and their values, and the run names.
 Bad input — a notebook that does not exist or has no cell tagged ``parameters``, a
 parameter that cell does not define, an ``output_dir`` the cell lacks, a malformed or
 repeated value list, an OUT directory that already holds files (without
-``overwrite``) — raises `SweepInputError` before anything runs or is written.
+``overwrite`` or ``resume``), a ``resume`` into another sweep's OUT, an unknown
+executor — raises `SweepInputError` before anything runs or is written.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import re
 import shutil
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.experiments.workers import stop_workers, worker_init
+from labkit.experiments.executors import check_executor, run_tasks
+from labkit.experiments.resume import check_resumable, completed_seconds, mark_complete
 
 OUTPUT_PARAMETER = "output_dir"
 RESERVED_COLUMNS = ("run", "status", "error", "run_s")
@@ -221,8 +222,12 @@ def _text(value) -> str:
 
 
 def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
-               out: str | os.PathLike, overwrite: bool = False) -> SweepPlan:
+               out: str | os.PathLike, overwrite: bool = False,
+               resume: bool = False) -> SweepPlan:
     """Check everything a sweep needs, before anything runs; raise SweepInputError."""
+    if overwrite and resume:
+        raise SweepInputError("--overwrite and --resume exclude each other (--overwrite "
+                              "re-runs every point, --resume keeps the finished ones)")
     defined = notebook_parameters(notebook)
     if OUTPUT_PARAMETER not in defined:
         raise SweepInputError(f"{notebook}: its parameters cell does not define "
@@ -247,7 +252,13 @@ def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SweepInputError(f"--out {str(out)!r} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if resume:
+        try:
+            check_resumable(out.resolve(), load_plan(out), Path(notebook).resolve(),
+                            parameters)
+        except ConfigError as err:
+            raise SweepInputError(str(err)) from None
+    elif out.is_dir() and any(out.iterdir()) and not overwrite:
         raise SweepInputError(f"--out {str(out)!r} already holds files; choose a new directory "
                               "or pass --overwrite to replace this grid's runs")
     params = {name: list(values) for name, values in parameters.items()}
@@ -330,20 +341,27 @@ def this_interpreter_kernel_manager():
 def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
               out: str | os.PathLike, jobs: int = 1, progress: bool | None = None,
               overwrite: bool = False, timeout: float | None = None,
-              log=None) -> pd.DataFrame:
+              log=None, executor: str = "local", ray_address: str | None = None,
+              resume: bool = False) -> pd.DataFrame:
     """Run every point of the grid and return the results table (also written to
     OUT/results.parquet). `parameters`: name -> list of values (Python objects).
     `progress`: a tqdm bar over runs (None: when stderr is a terminal). Failures are
     printed to `log` (default stderr) as they happen and kept in the table.
+    `executor`: "local" (`jobs` worker processes) or "ray" (Ray tasks on the cluster at
+    `ray_address`, else on a local Ray cluster of `jobs` CPUs); see `executors.py`.
+    `resume`: keep the points OUT already holds complete, run the others (`resume.py`).
 
     Ctrl-C (KeyboardInterrupt) stops the runs in progress, removes their folders,
     writes the table of the runs that finished and raises `SweepInterrupted`."""
     if not isinstance(jobs, int) or jobs < 1:
         raise SweepInputError(f"--jobs {jobs!r} must be a positive integer")
-    plan = plan_sweep(notebook, parameters, out, overwrite=overwrite)
+    check_executor(executor, ray_address)
+    plan = plan_sweep(notebook, parameters, out, overwrite=overwrite, resume=resume)
     log = sys.stderr if log is None else log
-    _prepare_out(plan, overwrite)
-    outcomes = _execute(plan, jobs, progress, timeout, log)
+    kept = _kept_runs(plan) if resume else {}
+    _prepare_out(plan, overwrite or resume, keep=kept)
+    todo = [i for i, name in enumerate(plan.names) if name not in kept]
+    outcomes = _execute(plan, todo, jobs, progress, timeout, log, executor, ray_address, kept)
     frame = collect_results(plan, outcomes)
     write_parquet_atomic(frame, plan.out / RESULTS_FILE)
     if None in outcomes:
@@ -362,47 +380,55 @@ class SweepInterrupted(KeyboardInterrupt):
         self.finished, self.total, self.results = finished, total, results
 
 
-def _prepare_out(plan: SweepPlan, overwrite: bool) -> None:
+def _kept_runs(plan: SweepPlan) -> dict[str, RunOutcome]:
+    """The points OUT already holds complete (--resume): name -> their outcome."""
+    kept = {}
+    for name, point in zip(plan.names, plan.points):
+        seconds = completed_seconds(plan.out / name, point, SUMMARY_FILE)
+        if seconds is not None:
+            kept[name] = RunOutcome(name, "ok", None, seconds)
+    return kept
+
+
+def _prepare_out(plan: SweepPlan, overwrite: bool, keep=()) -> None:
+    """OUT exists; with `overwrite`, the grid's run folders are cleared except `keep`."""
     plan.out.mkdir(parents=True, exist_ok=True)
     if overwrite:
         (plan.out / RESULTS_FILE).unlink(missing_ok=True)
         for name in plan.names:
-            if (plan.out / name).is_dir():
+            if name not in keep and (plan.out / name).is_dir():
                 shutil.rmtree(plan.out / name)
     tmp = plan.out / f".{PLAN_FILE}.tmp"
     tmp.write_text(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
     os.replace(tmp, plan.out / PLAN_FILE)
 
 
-def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float | None,
-             log) -> list[RunOutcome | None]:
-    """Each point's outcome, in grid order; None for the points Ctrl-C left unfinished."""
+def _execute(plan: SweepPlan, todo: list[int], jobs: int, progress: bool | None,
+             timeout: float | None, log, executor: str, ray_address: str | None,
+             kept: dict[str, RunOutcome]) -> list[RunOutcome | None]:
+    """Each point's outcome, in grid order (the `kept` ones as they were); None for the
+    points Ctrl-C left unfinished."""
     from tqdm.auto import tqdm
 
-    outcomes: dict[str, RunOutcome] = {}
+    outcomes: dict[str, RunOutcome] = dict(kept)
     show = sys.stderr.isatty() if progress is None else progress
-    # spawn: workers start clean (no inherited threads or kernel state), on every OS;
-    # each dies with this process (workers.py), its kernel with it
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(plan.points)),
-                               mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_init, initargs=(os.getpid(),))
-    bar = tqdm(total=len(plan.points), desc="sweep", unit="run", disable=not show)
+    tasks = [(str(plan.notebook), str(plan.out / plan.names[i]), plan.points[i],
+              str(plan.cwd), timeout) for i in todo]
+    # one bar over the whole grid: points kept by --resume count as done from the start
+    bar = tqdm(total=len(plan.points), initial=len(kept), desc="sweep", unit="run",
+               disable=not show)
+    failed = 0
+    results = run_tasks(execute_run, tasks, executor, jobs, ray_address)
     try:
-        with _main_module_hidden():  # workers start on submit
-            futures = {
-                pool.submit(execute_run, str(plan.notebook), str(plan.out / name), point,
-                            str(plan.cwd), timeout): name
-                for name, point in zip(plan.names, plan.points)
-            }
-        failed = 0
-        for future in as_completed(futures):
-            name = futures[future]
-            try:
-                status, error, seconds = future.result()
-            except Exception as err:  # the worker process itself died
-                status, error, seconds = "failed", f"{type(err).__name__}: {err}", math.nan
+        for k, result, err in results:
+            name = plan.names[todo[k]]
+            if err is not None:  # the worker itself died (the notebook's errors are results)
+                result = ("failed", f"{type(err).__name__}: {_first_line(str(err))}", math.nan)
+            status, error, seconds = result
             outcomes[name] = RunOutcome(name, status, error, seconds)
-            if status != "ok":
+            if status == "ok":
+                mark_complete(plan.out / name, plan.points[todo[k]], seconds)
+            else:
                 failed += 1
                 message = f"labkit sweep: run {name} failed: {error}"
                 if show:
@@ -412,36 +438,15 @@ def _execute(plan: SweepPlan, jobs: int, progress: bool | None, timeout: float |
             bar.update(1)
             bar.set_postfix(failed=failed, refresh=False)
     except KeyboardInterrupt:
+        # Ctrl-C: the executor stops its workers and their kernels; what finished is kept
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
         try:
-            stop_workers(pool)
-            pool.shutdown(wait=True, cancel_futures=True)
+            results.close()
         finally:
             signal.signal(signal.SIGINT, previous)
     finally:
         bar.close()
-        pool.shutdown(wait=True, cancel_futures=True)
     return [outcomes.get(name) for name in plan.names]
-
-
-@contextlib.contextmanager
-def _main_module_hidden():
-    """A spawned worker re-imports the caller's ``__main__`` script unless it is
-    hidden; workers need nothing from it, and re-running it would start the sweep
-    again in a script without an ``if __name__ == "__main__"`` guard (or fail, for
-    ``python -``)."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__")
-             if main is not None and k in main.__dict__}
-    try:
-        if main is not None:
-            main.__dict__.pop("__file__", None)
-            if "__spec__" in saved:
-                main.__spec__ = None
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
 
 
 # ------------------------------------------------------------------------- results
