@@ -13,7 +13,8 @@ def open_notebook(browser, lab, path: str, width: int = 1280, height: int = 1000
     """A page with the notebook open and its kernel ready."""
     url, _ = lab
     page = browser.new_page(viewport={"width": width, "height": height})
-    page.goto(f"{url}/lab/tree/{path}?token={TOKEN}", timeout=120_000)
+    # ?reset: a fresh workspace, so notebooks of earlier tests do not open again beside it
+    page.goto(f"{url}/lab/tree/{path}?reset&token={TOKEN}", timeout=120_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
                            timeout=120_000)
@@ -23,20 +24,26 @@ def open_notebook(browser, lab, path: str, width: int = 1280, height: int = 1000
     return page
 
 
+# the notebook on screen: other notebooks opened earlier in the same JupyterLab stay in
+# the page as hidden tabs, with their own prompts, outputs and figures
+ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+
 def run_all(page, timeout_s: float = 300) -> None:
     """Run every cell and wait until each code cell has run (a failed cell raises)."""
     time.sleep(3)  # "idle" can show before the kernel's connection is up
     # stored outputs and prompts first go, so what is seen next is this run's
     page.get_by_text("Edit", exact=True).first.click()
     page.get_by_text("Clear Outputs of All Cells", exact=True).first.click()
-    page.wait_for_function("[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
-                           ".every(p => !/[0-9]/.test(p.textContent))", timeout=30_000)
+    page.wait_for_function(f"[...document.querySelectorAll('{ACTIVE} .jp-CodeCell "
+                           f".jp-InputPrompt')].every(p => !/[0-9]/.test(p.textContent))",
+                           timeout=30_000)
     started = time.monotonic()
     clicked = None
     while time.monotonic() - started < timeout_s:
-        prompts = page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt",
+        prompts = page.eval_on_selector_all(f"{ACTIVE} .jp-CodeCell .jp-InputPrompt",
                                             "els => els.map(e => e.textContent)")
-        errors = page.locator(".jp-OutputArea-output:has(.ansi-red-fg)")
+        errors = page.locator(f"{ACTIVE} .jp-OutputArea-output:has(.ansi-red-fg)")
         if errors.count():
             raise AssertionError(f"a cell failed:\n{errors.first.inner_text()[-2000:]}")
         if prompts and all(any(c.isdigit() for c in p) for p in prompts):
@@ -52,17 +59,18 @@ def run_all(page, timeout_s: float = 300) -> None:
     raise AssertionError(f"the notebook did not finish in {timeout_s} s: {prompts}")
 
 
-PLOTS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(g => {
+PLOTS = """() => [...document.querySelectorAll('%s .js-plotly-plot')].map(g => {
   const r = g.getBoundingClientRect();
   const cell = g.closest('.jp-OutputArea-output').getBoundingClientRect();
   return {title: String(g.layout && g.layout.title && g.layout.title.text || ''),
           traces: (g.data || []).length, left: r.left, right: r.right,
           width: r.width, height: r.height, cell_left: cell.left, cell_right: cell.right};
-})"""
+})""" % ACTIVE
 
 
 def plots(page) -> list[dict]:
-    """Every plotly figure on the page: title, traces, where it is, its cell's edges."""
+    """Every plotly figure of the notebook on screen: title, traces, where it is, its
+    cell's edges."""
     return page.evaluate(PLOTS)
 
 

@@ -69,9 +69,10 @@ def test_an_error_on_one_rank_does_not_hang_the_others(cluster):
             raise ValueError("rank 3 failed")
         return cluster.group(range(4), rank).all_reduce(torch.ones(1))
 
+    threads = threading.active_count()  # (other tests of this process may hold some)
     with pytest.raises(ValueError, match="rank 3 failed"):
         cluster.run(body, [()] * 4)
     # the cluster still works afterwards
     assert cluster.run(lambda r: cluster.group(range(4), r).all_reduce(torch.ones(1)).item(),
                        [()] * 4) == [4.0] * 4
-    assert threading.active_count() < 50
+    assert threading.active_count() <= threads + 4  # no thread left waiting per failure
