@@ -34,7 +34,10 @@ import signal
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -161,8 +164,7 @@ class ProcessExecutor:
             raise self._fail(err) from None
 
     def _fail(self, err: Exception) -> WorkerDied:
-        dead = self._dead or next(((i + 1, p.pid, p.exitcode) for i, p in
-                                   enumerate(self.procs) if p.exitcode is not None), None)
+        dead = self._dead or self._first_dead()
         self._stop_workers()
         if dead is not None:
             gpu, pid, code = dead
@@ -170,6 +172,17 @@ class ProcessExecutor:
                               f"died ({_describe_exit(code)}); the run is stopped")
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return WorkerDied(f"executor='mp': a collective failed ({first}); the run is stopped")
+
+    def _first_dead(self, wait_s: float = 2.0):
+        """(gpu, pid, exit code) of a worker that has exited, waiting a little: a peer's
+        socket can report the death before the dead process can be reaped."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = next(((i + 1, p.pid, p.exitcode) for i, p in enumerate(self.procs)
+                         if p.exitcode is not None), None)
+            if dead is not None or time.monotonic() > deadline:
+                return dead
+            time.sleep(0.05)
 
     # ----------------------------------------------------------- lifecycle
     def _watch(self) -> None:
