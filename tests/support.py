@@ -39,3 +39,32 @@ class FixedStepCost:
         busy = np.full((steps, ranks), self.min_step_s)
         zero = np.zeros((steps, ranks))
         return StepTiming(busy, busy.copy(), zero, np.full(steps, self.min_step_s), zero)
+
+
+# ------------------------------------------------------------- a JupyterLab server
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(proc, url: str, token: str, log: Path, name: str) -> None:
+    """Wait (up to 2 min) until the Jupyter server `proc` answers at `url`; a server
+    that exits or never answers fails the test with the end of its log."""
+    import time
+    import urllib.request
+
+    import pytest
+
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            return
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+    proc.terminate()
+    pytest.fail(f"{name} did not start:\n{log.read_text()[-3000:]}")

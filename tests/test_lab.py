@@ -11,26 +11,18 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from labkit.lab import lab_command
+from support import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = "notebooks/tutorials/01_paged_kv.ipynb"
 TOKEN = "labkit-lab-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -47,7 +39,7 @@ def project(tmp_path_factory):
     _git(root, "init", "-q")
     _git(root, "add", TUTORIAL)
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tutorial")
-    port = _free_port()
+    port = free_port()
     state = tmp_path_factory.mktemp("jupyter")
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(state / "config"),
                JUPYTER_RUNTIME_DIR=str(state / "runtime"), IPYTHONDIR=str(state / "ipython"))
@@ -58,19 +50,7 @@ def project(tmp_path_factory):
          f"--LabApp.workspaces_dir={state / 'workspaces'}", "--LabApp.news_url=None"],
         cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    else:
-        proc.terminate()
-        pytest.fail(f"labkit lab did not start:\n{(state / 'lab.log').read_text()[-3000:]}")
-    if proc.poll() is not None:
-        pytest.fail(f"labkit lab exited:\n{(state / 'lab.log').read_text()[-3000:]}")
+    wait_until_serving(proc, url, TOKEN, state / "lab.log", "labkit lab")
     yield root, port
     proc.terminate()
     proc.wait(timeout=30)

@@ -62,13 +62,12 @@ import pandas as pd
 from labkit.errors import ConfigError
 from labkit.experiments.executors import check_executor, run_tasks
 from labkit.experiments.resume import check_resumable, completed_seconds, mark_complete
+from labkit.experiments.sweep_results import (  # noqa: F401 - flatten: part of the API
+    PLAN_FILE, RESERVED_COLUMNS, RESULTS_FILE, SUMMARY_FILE, collect_results, flatten, load_plan,
+    swept_parameters, text, write_parquet_atomic)
 
 OUTPUT_PARAMETER = "output_dir"
-RESERVED_COLUMNS = ("run", "status", "error", "run_s")
 RUN_NOTEBOOK = "notebook.ipynb"
-SUMMARY_FILE = "summary.json"
-RESULTS_FILE = "results.parquet"
-PLAN_FILE = "sweep.json"
 MAX_NAME_CHARS = 120
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
@@ -211,14 +210,9 @@ def _default_type(parameter: dict):
 
 def run_name(index: int, count: int, point: dict, varying: list[str]) -> str:
     width = max(2, len(str(max(count - 1, 0))))
-    parts = [f"{name}={_UNSAFE.sub('_', _text(point[name]))}" for name in varying]
+    parts = [f"{name}={_UNSAFE.sub('_', text(point[name]))}" for name in varying]
     name = f"{index:0{width}d}" + ("_" + ",".join(parts) if parts else "")
     return name[:MAX_NAME_CHARS]
-
-
-def _text(value) -> str:
-    return value if isinstance(value, str) else repr(value) if isinstance(value, float) \
-        else str(value)
 
 
 def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
@@ -245,7 +239,7 @@ def plan_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
                                   f"it defines: {allowed}")
         if not isinstance(values, (list, tuple)) or not values:
             raise SweepInputError(f"-p {name}: give at least one value")
-        keys = [_text(v) + type(v).__name__ for v in values]
+        keys = [text(v) + type(v).__name__ for v in values]
         if len(set(keys)) != len(keys):
             raise SweepInputError(f"-p {name}: a value is repeated in {list(values)!r}")
         check_value_types(name, values, defined[name])
@@ -447,80 +441,3 @@ def _execute(plan: SweepPlan, todo: list[int], jobs: int, progress: bool | None,
     finally:
         bar.close()
     return [outcomes.get(name) for name in plan.names]
-
-
-# ------------------------------------------------------------------------- results
-def flatten(summary: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in summary.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif isinstance(value, (list, tuple)):
-            flat[name] = json.dumps(value)
-        else:
-            flat[name] = value
-    return flat
-
-
-def collect_results(plan: SweepPlan, outcomes: list[RunOutcome | None]) -> pd.DataFrame:
-    """One row per finished run (a None outcome: the run did not finish)."""
-    taken = set(plan.parameters) | set(RESERVED_COLUMNS)
-    rows = []
-    for point, outcome in zip(plan.points, outcomes):
-        if outcome is None:
-            continue
-        row = dict(point)
-        row.update(run=outcome.name, status=outcome.status, error=outcome.error,
-                   run_s=outcome.seconds)
-        summary_path = plan.out / outcome.name / SUMMARY_FILE
-        if outcome.status == "ok" and summary_path.is_file():
-            for key, value in flatten(json.loads(summary_path.read_text())).items():
-                row[f"summary.{key}" if key in taken else key] = value
-        rows.append(row)
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    return pd.DataFrame({c: _column([row.get(c) for row in rows]) for c in columns})
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _column(values: list) -> pd.Series:
-    """One type per column, as parquet wants: ints stay ints (nullable where a failed
-    run left a hole), ints mixed with floats become floats, other mixtures text."""
-    present = [v for v in values if not _missing(v)]
-    kinds = {type(v) for v in present}
-    holes = len(present) < len(values)
-    if not kinds:  # a metric that is NaN in every run is still a number column
-        floats = any(isinstance(v, float) for v in values)
-        return pd.Series([math.nan if floats else None] * len(values),
-                         dtype=float if floats else object)
-    if kinds == {bool}:
-        return pd.Series(values, dtype="boolean" if holes else bool)
-    if kinds == {int}:
-        return pd.Series(values, dtype="Int64" if holes else "int64")
-    if kinds <= {int, float}:
-        return pd.Series([math.nan if _missing(v) else float(v) for v in values], dtype=float)
-    if kinds == {str}:
-        return pd.Series(values, dtype=object)
-    return pd.Series([None if _missing(v) else _text(v) for v in values], dtype=object)
-
-
-def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-def load_plan(sweep_dir: str | os.PathLike) -> dict | None:
-    path = Path(sweep_dir) / PLAN_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def swept_parameters(results: pd.DataFrame, sweep_dir: str | os.PathLike | None = None) -> list:
-    """The parameter columns of a results table (those before ``run``)."""
-    plan = load_plan(sweep_dir) if sweep_dir is not None else None
-    if plan is not None:
-        return [p for p in plan["parameters"] if p in results.columns]
-    return list(results.columns[:list(results.columns).index("run")])

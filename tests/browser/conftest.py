@@ -5,15 +5,13 @@ test-artifacts/."""
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from browser_support import ARTEFACTS, REPO, TOKEN
+from support import free_port, wait_until_serving
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Flags for a sandboxed, offline machine (no GPU, no network beyond localhost).
@@ -31,12 +29,6 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(skip)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """(url, root): JupyterLab serving a fresh copy of notebooks/ at root."""
@@ -49,7 +41,7 @@ def lab(tmp_path_factory):
     settings = tmp / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"), IPYTHONDIR=str(tmp / "ipython"))
     log = open(tmp / "lab.log", "w")
@@ -60,17 +52,7 @@ def lab(tmp_path_factory):
          "--LabApp.news_url=None"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    else:
-        proc.terminate()
-        pytest.fail(f"JupyterLab did not start:\n{(tmp / 'lab.log').read_text()[-3000:]}")
+    wait_until_serving(proc, url, TOKEN, tmp / "lab.log", "JupyterLab")
     try:
         yield url, root
     finally:
