@@ -96,8 +96,8 @@ class BlockPool:
         if not had_key.any():
             return
         evicted = blocks[had_key]
-        for key in keys[had_key].tolist():
-            del self._cached[key]
+        for _ in map(self._cached.__delitem__, keys[had_key].tolist()):  # a C-level loop
+            pass
         self.block_key[evicted] = NO_KEY
         if self.events.wants(BlocksEvicted):
             self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
@@ -150,11 +150,13 @@ class BlockPool:
                     fresh_blocks.append(block)
                     fresh_keys.append(key)
         if len(fresh_blocks):
-            fresh = np.array(fresh_blocks, dtype=np.int32)
+            fresh = fresh_blocks if fresh_blocks is blocks else \
+                np.array(fresh_blocks, dtype=np.int32)
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
             if self.events.wants(BlocksCached):
-                self.events.emit(BlocksCached(self.now, self.rank, request_id, fresh,
+                self.events.emit(BlocksCached(self.now, self.rank, request_id,
+                                              np.array(fresh, dtype=np.int32),
                                               np.array(fresh_keys, dtype=np.int64)))
 
     def written(self, blocks: np.ndarray) -> None:
