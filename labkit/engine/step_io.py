@@ -20,8 +20,12 @@ Besides the step itself the control plane sends **commands**, in the order it de
 them, applied before the step's forward (or at once with `DataPlane.apply` when the
 control plane is about to read or move bytes itself): copy a fetched prefix between DP
 ranks, save or restore a linear-attention state snapshot, release a finished request's
-per-request state. Like the offload tiers' `Move`s, they describe what the control
-plane already did to its bookkeeping; the data plane makes it true on its bytes.
+per-request state, and the offload tiers' block `Move`s (`TierMoves`). They describe
+what the control plane already did to its bookkeeping; the data plane makes it true on
+its bytes. What the data plane has to tell back about them (a block file written, with
+its path and digest, or not writable) comes back as `DiskWrite` reports, in the
+`StepOutput` (or from `apply`): the control plane acts on them itself, as vLLM's
+scheduler acts on the failed loads its KV connector reports.
 """
 
 from __future__ import annotations
@@ -75,7 +79,29 @@ class Release:
     request_id: str
 
 
-Command = CopyBlocks | SaveState | RestoreState | Release
+@dataclass(slots=True)
+class TierMoves:
+    """Blocks the control plane moved between the GPU and the offload tiers of node
+    store `store` (`kv/tiers.py` `Move`s, in order): copy the bytes along."""
+
+    store: int
+    moves: list
+
+
+Command = CopyBlocks | SaveState | RestoreState | Release | TierMoves
+
+
+# ------------------------------------------------------------------- reports
+@dataclass(slots=True)
+class DiskWrite:
+    """A block the data plane wrote to the disk tier: its file (`path`) and the
+    blake2b digest of the file's bytes — what the control plane checks before it
+    loads the block — or `path=None`: the disk could not take it."""
+
+    store: int
+    key: int
+    path: str | None = None
+    digest: bytes | None = None
 
 
 # --------------------------------------------------------------- the step
@@ -119,10 +145,11 @@ class StepInput:
 class StepOutput:
     """What a step took (per rank and overall, `StepTiming`) and, on a plane that
     computes, the token ids each request produced (a decode's verified tokens; one
-    sampled token after a prompt's last chunk)."""
+    sampled token after a prompt's last chunk), and the reports of the step's commands."""
 
     timing: StepTiming
     tokens: dict[str, list[int]] | None = None
+    reports: list = field(default_factory=list)  # about the commands (`DiskWrite`)
 
 
 class DataPlane(Protocol):
@@ -141,6 +168,6 @@ class DataPlane(Protocol):
 
     def execute(self, step: StepInput) -> StepOutput: ...
 
-    def apply(self, commands: list) -> None: ...
+    def apply(self, commands: list) -> list: ...  # the commands' reports
 
     def close(self) -> None: ...

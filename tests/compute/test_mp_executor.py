@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from compute_cases import (
-    compute_engine, logits_by_row, outputs, run_to_end, shared_prefix_prompts,
-    submit_prompts)
+    compute_engine, logits_by_row, outputs, replay_agentic, run_to_end,
+    shared_prefix_prompts, submit_prompts)
 
 from labkit.engine.compute.mp_executor import WorkerDied
 from labkit.engine.engine import Engine
@@ -96,3 +96,30 @@ def test_agentic_replay_with_kv_fetched_across_processes():
     assert procs.fetched_tokens.sum() > 0  # some KV crossed between DP ranks
     assert threads.output_token_ids.map(list).tolist() == \
         procs.output_token_ids.map(list).tolist()
+
+
+def offloaded(layout: str, executor: str, folder):
+    """The agentic trace on 30 GPU blocks, with a 12-block CPU tier and a disk tier:
+    prefixes go down to the host and to files, and come back."""
+    eng = compute_engine("tiny-llama", layout, executor=executor)
+    gib = eng.block_size * eng.placement.kv_bytes_per_token() / 2**30
+    eng.data_plane.close()
+    eng, _ = replay_agentic("tiny-llama", layout, executor=executor, cpu_kv_gib=12 * gib,
+                            disk_kv_gib=200 * gib, kv_offload_dir=str(folder))
+    eng.data_plane.close()
+    return eng
+
+
+@pytest.mark.parametrize("layout", ["dp2", "tp2"])
+def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
+    """With `executor="mp"` the tier moves reach the ranks as step commands: each
+    process reads and writes its own GPU's slice of a block (dp2: a block stored from
+    one DP rank's process is loaded into the other's). Same tokens as threads, and
+    blocks really came back from both tiers."""
+    threads = offloaded(layout, "threads", tmp_path / "threads")
+    procs = offloaded(layout, "mp", tmp_path / "mp")
+    stats = procs.offload.summary()
+    assert stats["cpu_tier_hit_blocks"] > 0 and stats["disk_tier_hit_blocks"] > 0
+    assert stats == threads.offload.summary()
+    assert outputs(procs) == outputs(threads)
+    assert not dist.is_initialized()

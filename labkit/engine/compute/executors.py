@@ -97,6 +97,21 @@ def kv_nbytes(rank: Rank) -> int:
     return rank.kv.nbytes
 
 
+def read_kv_block(rank: Rank, block: int) -> dict[str, torch.Tensor]:
+    """A copy, on the CPU, of what this GPU holds of paged block `block`: every layer's
+    cache tensors, named `"<layer>.<name>"` (the offload tiers' bytes)."""
+    return {f"{layer}.{name}": t[block].detach().to("cpu", copy=True)
+            for layer, named in rank.kv.layers.items() for name, t in named.items()}
+
+
+def write_kv_block(rank: Rank, block: int, data: dict[str, torch.Tensor]) -> None:
+    """Put `read_kv_block`'s bytes back into paged block `block`."""
+    for layer, named in rank.kv.layers.items():
+        for name, t in named.items():
+            src = data[f"{layer}.{name}"]
+            t[block].copy_(src, non_blocking=src.is_pinned())
+
+
 def release_request(rank: Rank, request_id: str) -> None:
     rank.linear.release(request_id)
 

@@ -37,8 +37,6 @@ import threading
 import time
 from datetime import timedelta
 
-import time
-
 import torch
 import torch.distributed as dist
 
@@ -341,4 +339,6 @@ def _to_cpu(value):
         return value.cpu()
     if isinstance(value, (tuple, list)):
         return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
     return value
