@@ -238,9 +238,7 @@ class Offload:
     def _settle(self) -> None:
         """Take in the data plane's reports: where each block file is, with its digest;
         blocks the disk could not write are in no tier after all (the plane warned)."""
-        for r in self.outbox.take_reports():
-            if not isinstance(r, DiskWrite):
-                continue
+        for r in self.outbox.take_reports(DiskWrite):
             store = self.stores[r.store]
             if r.path is not None:
                 self._files[(r.store, r.key)] = (r.path, r.digest)

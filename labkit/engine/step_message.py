@@ -59,8 +59,11 @@ class Outbox:
         if reports:
             self.reports.extend(reports)
 
-    def take_reports(self) -> list:
-        out, self.reports = self.reports, []
+    def take_reports(self, kind: type) -> list:
+        """The reports of type `kind`, in order (the others stay for their readers)."""
+        out = [r for r in self.reports if isinstance(r, kind)]
+        if out:
+            self.reports = [r for r in self.reports if not isinstance(r, kind)]
         return out
 
 

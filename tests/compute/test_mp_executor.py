@@ -123,3 +123,44 @@ def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
     assert stats == threads.offload.summary()
     assert outputs(procs) == outputs(threads)
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("model,layout", [("tiny-llama", "tp2xpp2"), ("tiny-qwen3-moe", "dep2")])
+def test_a_process_makes_only_its_own_shard(model, layout):
+    """`RankPlan.weights_for` makes only the tensors a GPU slices from (its stage's
+    layers, its experts): less than the whole model, and the rank built from them holds
+    exactly the tensors of a rank built from the whole model."""
+    from labkit.engine.compute.executors import RankPlan
+    from labkit.engine.compute.mesh import Mesh
+    from labkit.engine.compute.models.weights import init_weights
+    from labkit.engine.compute.rank_weights import rank_weights
+
+    eng = compute_engine(model, layout)
+    plane = eng.data_plane
+    plan = RankPlan(plane.spec, plane.layout, eng.config, 4, eng.block_size, plane.device,
+                    plane.dtype)
+    full = init_weights(plane.spec, eng.config.seed, plane.dtype)
+    whole = sum(t.numel() for t in full.values())
+    for place in Mesh(plane.layout, plane.spec).places:
+        made = plan.weights_for(place)
+        assert sum(t.numel() for t in made.values()) < whole
+        mine = rank_weights(plane.spec, made, place, plane.layout)
+        want = rank_weights(plane.spec, full, place, plane.layout)
+        assert mine.keys() == want.keys()
+        for layer in want:
+            assert mine[layer].keys() == want[layer].keys()
+            assert all(torch.equal(mine[layer][k], want[layer][k]) for k in want[layer])
+    plane.close()
+
+
+def test_worker_processes_hold_their_shards_bytes():
+    """Under mp each process's weights take exactly the bytes of the same GPU's rank
+    under threads (built by slicing the whole model)."""
+    from labkit.engine.compute.executors import weight_nbytes
+
+    sizes = {}
+    for executor in ("threads", "mp"):
+        plane = compute_engine("tiny-llama", "pp2", executor=executor).data_plane
+        sizes[executor] = plane.executor.run(weight_nbytes, [(), ()], [0, 1])
+        plane.close()
+    assert sizes["mp"] == sizes["threads"] and min(sizes["mp"]) > 0

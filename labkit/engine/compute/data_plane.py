@@ -20,8 +20,9 @@ Everything a step needs arrives in its message (`engine/step_io.py`): each reque
 new token ids, block table, window table, state marks and copy-on-write pairs, and the
 commands the control plane queued since the last step (a session's KV fetched from
 another DP rank, copied block by block; linear-state snapshots saved and restored;
-finished requests released, blocks moved to and from the offload tiers), which
-`apply` carries out, in order, before the forward.
+finished requests released, blocks moved to and from the offload tiers, a P/D
+hand-over's KV read out or written in), which `apply` carries out, in order, before
+the forward.
 The plane never reads the control plane's objects.
 
 Sliding-window models (gpt-oss): a step's entries carry a second block table, the KV
@@ -41,14 +42,15 @@ import torch
 from labkit.engine.compute.executors import (
     RankPlan, check_executor, forward_step, kv_nbytes, make_executor, release_request,
     restore_snapshot, save_snapshot)
+from labkit.engine.compute.kv_convert import export_request, import_request
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
 from labkit.engine.sim.work import StepTiming
-from labkit.engine.step_io import CopyBlocks, Release, RestoreState, SaveState, StepInput, \
-    StepOutput, TierMoves
+from labkit.engine.step_io import CopyBlocks, ExportKV, ImportKV, KVExported, Release, \
+    RestoreState, SaveState, StepInput, StepOutput, TierMoves
 from labkit.errors import ConfigError, unknown_choice
 
 CLOCKS = ("measured", "predicted")
@@ -222,6 +224,10 @@ class ComputeDataPlane:
                 self.release(c.request_id)
             elif isinstance(c, TierMoves):
                 reports += self.tiers(c.store, c.moves)
+            elif isinstance(c, ExportKV):  # P/D: the bytes go back in the report
+                reports.append(KVExported(c.transfer, export_request(self, c)))
+            elif isinstance(c, ImportKV):
+                import_request(self, c)
             else:
                 raise ValueError(f"unknown data-plane command {c!r}")
         return reports

@@ -94,8 +94,9 @@ class ProcessExecutor:
         self.ctrl = dist.new_group(backend="gloo")
         self._call(lambda: dist.broadcast_object_list([plan], src=0, group=self.ctrl))
         groups = build_groups(mesh, 0)
-        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh, plan.full_weights(),
-                                                groups)}, self.world_size)
+        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
+                                                plan.weights_for(mesh.places[0]), groups)},
+                                 self.world_size)
         atexit.register(self.close)  # workers stop with the driver even if never closed
 
     def _join_torchrun(self) -> None:
@@ -270,7 +271,7 @@ def serve(rank: int | None = None, world_size: int | None = None,
         dist.broadcast_object_list(box, src=0, group=ctrl)
         plan: RankPlan = box[0]
         mesh = Mesh(plan.layout, plan.spec)
-        local = plan.build(mesh.places[rank], mesh, plan.full_weights(),
+        local = plan.build(mesh.places[rank], mesh, plan.weights_for(mesh.places[rank]),
                            build_groups(mesh, rank))
         while True:
             dist.broadcast_object_list(box, src=0, group=ctrl)
