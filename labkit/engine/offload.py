@@ -234,6 +234,10 @@ class Offload:
         if any(m.kind == "demote" for m in moves):  # (a tier above the disk's)
             self.outbox.flush()
         self._settle()
+        disk = store.tiers[-1].name
+        for m in moves:  # a file deleted: its digest goes too
+            if m.kind in ("drop", "discard") and m.tier == disk:
+                self._files.pop((store.index, m.key), None)
 
     def _settle(self) -> None:
         """Take in the data plane's reports: where each block file is, with its digest;

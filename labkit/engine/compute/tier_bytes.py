@@ -68,7 +68,8 @@ STRICT_HINT = "set kv_offload_strict=True (--kv-offload-strict) to stop instead"
 class TierBytes:
     def __init__(self, plane, directory: str | None = None, identity: dict | None = None,
                  strict: bool = False) -> None:
-        """`plane`: the ComputeDataPlane (its ranks' paged caches and its mesh);
+        """`plane`: the ComputeDataPlane (its mesh, and its executor, through which the
+        GPU blocks are read and written);
         `directory`: the user's kv_offload_dir (default: a temporary one, removed by
         `close`); `identity`: what the KV bytes depend on (`kv_namespace.kv_identity`);
         `strict`: fail instead of degrading."""
