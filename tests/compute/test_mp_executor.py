@@ -110,7 +110,7 @@ def offloaded(layout: str, executor: str, folder):
     return eng
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2"])
+@pytest.mark.parametrize("layout", ["dp2", pytest.param("tp2", marks=pytest.mark.slow)])
 def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
     """With `executor="mp"` the tier moves reach the ranks as step commands: each
     process reads and writes its own GPU's slice of a block (dp2: a block stored from
