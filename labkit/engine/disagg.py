@@ -23,8 +23,10 @@ events by time. A call goes:
 3. The transfer moves the prompt tokens the decode group lacks: each prefill GPU sends
    its shard, each decode GPU receives its own share, and the decode side rewrites
    the token-sharded layout into its paged one (a pass over HBM). On the compute
-   plane the bytes really move (`compute/kv_convert.py`). Then the prefill blocks are
-   released (into the prefill prefix cache).
+   plane the bytes really move: the prefill side's plane exports them (`ExportKV`, a
+   step command; its bytes come back in a report) and the decode side's imports them
+   (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Then the
+   prefill blocks are released (into the prefill prefix cache).
 
 The two layouts must agree on what a KV block is: the same block size and KV dtype
 (see `check_pd_pair`); anything else is converted.
@@ -36,6 +38,7 @@ import heapq
 import math
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from labkit.engine.arrivals import Arrivals
@@ -43,6 +46,7 @@ from labkit.engine.engine import Engine
 from labkit.engine.events import EventBus, KVTransferred
 from labkit.engine.metrics import ReplayResult
 from labkit.engine.request import Request, Status
+from labkit.engine.step_io import ExportKV, ImportKV, KVExported, KVSpan
 from labkit.engine.transfer import PrefixTransfer
 from labkit.errors import ConfigError
 from labkit.specs.layout import MAX_GPUS, Layout
@@ -236,31 +240,29 @@ class PDEngine(Arrivals):
 
     def _copy_kv(self, prefill: Engine, shadow: Request, decode: Engine, req: Request,
                  start: int, stop: int) -> None:
-        from labkit.engine.compute.kv_convert import export_kv, import_kv
-
-        prefill.flush_commands()  # the planes first catch up with their control planes
-        decode.flush_commands()
+        """The hand-over as two commands: the prefill side's plane exports the KV (and a
+        hybrid model's state) at once, its bytes come back in a report, and the decode
+        side's plane imports them with its next step (`step_io.ExportKV` / `ImportKV`)."""
         src_kv = prefill.schedulers[shadow.rank].kv
         dst_kv = decode.schedulers[req.rank].kv
         spec = prefill.model
+        src, dst = [], []  # the spans of positions that cross, on each side's tables
         full = None
         if spec.sliding_window_layers:  # their KV crosses for the decode side's window only
             window = list(spec.sliding_window_layers)
             full = [i for i in range(spec.num_layers)
                     if not spec.is_linear_layer(i) and i not in window]
             first = max(start, dst_kv.window.first_needed(stop) * decode.block_size)
-            data = export_kv(prefill.data_plane, shadow.rank,
-                             src_kv.window_table(shadow.request_id), stop, first, window)
-            import_kv(decode.data_plane, req.rank, dst_kv.window_table(req.request_id),
-                      data, first, window)
-        data = export_kv(prefill.data_plane, shadow.rank, src_kv.table(shadow.request_id),
-                         stop, start, full)
-        import_kv(decode.data_plane, req.rank, dst_kv.table(req.request_id), data, start, full)
-        if prefill.model.linear_layers:  # the state at the prompt's end crosses whole
-            from labkit.engine.compute.kv_convert import export_state, import_state
-
-            state = export_state(prefill.data_plane, shadow.rank, shadow.request_id, stop)
-            import_state(decode.data_plane, req.rank, req.request_id, stop, state)
+            src.append(KVSpan(_ids(src_kv.window_table(shadow.request_id)), first, stop, window))
+            dst.append(KVSpan(_ids(dst_kv.window_table(req.request_id)), first, stop, window))
+        src.append(KVSpan(_ids(src_kv.table(shadow.request_id)), start, stop, full))
+        dst.append(KVSpan(_ids(dst_kv.table(req.request_id)), start, stop, full))
+        state = stop if spec.linear_layers else None  # the state crosses whole
+        prefill.outbox.send(ExportKV(req.request_id, shadow.rank, req.request_id, src, state))
+        prefill.flush_commands()  # now: the prefill blocks are released right after
+        sent = [r for r in prefill.outbox.take_reports(KVExported)
+                if r.transfer == req.request_id]
+        decode.outbox.send(ImportKV(req.rank, req.request_id, dst, sent[-1].payload, state))
 
     def _release_prefill(self, request_id: str) -> None:
         shadow = self._shadow.pop(request_id, None)
@@ -305,6 +307,11 @@ class PDEngine(Arrivals):
 
         return collect_result(self, warmup_s=warmup_s, end_s=max(self.now, warmup_s),
                               wall_s=wall_s)
+
+
+def _ids(table) -> np.ndarray:
+    """A block table copied for a message (the KV manager's stays its own)."""
+    return np.array(table, dtype=np.int64)
 
 
 def transfer_seconds(prefill: Engine, decode: Engine, tokens: int) -> float:

@@ -224,10 +224,8 @@ class Engine(Arrivals):
                 s.kv.on_cached = offload.cached
             if self.model.linear_layers:
                 offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
-            if compute:
-                tiers = self.data_plane.tiers
-                offload.on_moves = self.outbox.before(tiers)  # after the queued copies
-                offload.intact, offload.fetch = tiers.intact, tiers.fetch
+            if compute:  # tier moves go to the plane as step commands
+                offload.outbox = self.outbox
         for s in self.schedulers:
             s.prefix_sources = sources
         return offload

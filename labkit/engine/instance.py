@@ -152,6 +152,8 @@ class Instance:
             return None  # nothing can run yet (KV still being fetched); see next_ready_s
         out = self.data_plane.execute(step_input(batches, self.schedulers, work, self.lockstep,
                                                  self.outbox, self.data_plane.computes))
+        if out.reports:  # about the commands it carried (the offload reads them)
+            self.outbox.receive(out.reports)
         timing = out.timing
         cum = accepted_before(self.step_index, 1, self.acceptance)
         accepted = int(cum[1])

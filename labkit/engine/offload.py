@@ -8,8 +8,15 @@ Wiring (see `kv/tiers.py` for the tiers themselves):
   request's first admission: the blocks after its GPU prefix match that the node's
   tiers hold, with the time to load them — offered only when that beats the cost
   model's time to recompute them (`prefill_seconds`);
-- every block move is handed to `on_moves(store_index, moves)` when set: the compute
-  data plane copies the tensors (host tier) and writes the files (disk tier).
+- on a data plane that computes, every block move goes to it as a step command
+  (`TierMoves`, through the engine's `outbox`): the plane copies the tensors (host
+  tier) and writes the files (disk tier). The plane reports each block file it wrote
+  (`DiskWrite`: path and digest, or none when the disk refused it); before a load is
+  offered, and again when it starts, the control plane checks the files against those
+  digests itself (`kv/block_check.py`) and forgets a damaged block (recomputing from
+  it on) — it decides without asking the plane. Moves that write files are delivered
+  at once (`outbox.flush`), so a refused write is forgotten before the next decision,
+  as when the moves were direct calls; the other moves ride on the next step.
 
 Hybrid models narrow where a loaded prefix may end: at a block boundary with a
 linear-state snapshot (`snapshots_of`), or where the tiers also hold the pages of the
@@ -29,7 +36,9 @@ from collections.abc import Callable
 import numpy as np
 
 from labkit.engine.events import EventBus, KVLoadDeclined, KVLoaded, KVOffloaded
-from labkit.engine.kv.tiers import NodeStore, Tier
+from labkit.engine.kv.block_check import TierCorruption, file_intact
+from labkit.engine.kv.tiers import Move, NodeStore, Tier
+from labkit.engine.step_io import DiskWrite, TierMoves
 from labkit.engine.transfer import PrefixTransfer
 from labkit.errors import ConfigError
 
@@ -49,10 +58,10 @@ class Offload:
         # rank -> its sliding-window tables (a loaded prefix brings its window along)
         self.snapshots_of: Callable[[int], object] | None = None
         self.window_of: Callable[[int], object] | None = None
-        # compute plane: (store, key) -> are the bytes of a disk block intact? and
-        # (store, keys) -> the disk blocks of a load that fail their check when it starts
-        self.intact: Callable[[int, int], bool] | None = None
-        self.fetch: Callable[[int, list[int]], list[int]] | None = None
+        # a plane that computes: where the moves go as commands (and its reports return)
+        self.outbox = None
+        self.strict = config.kv_offload_strict
+        self._files: dict[tuple[int, int], tuple[str, bytes]] = {}  # disk: (path, digest)
         self._intact: set[tuple[int, int]] = set()  # checked already
         self.events = events
         self.prefill_seconds = prefill_seconds
@@ -68,7 +77,6 @@ class Offload:
                       block_layout.copy_overhead_s)
             for i in range(math.ceil(num_ranks / self.ranks_per_store))
         ]
-        self.on_moves: Callable[[int, list], None] | None = None
         self._link_free_s = [0.0] * num_ranks
         self._declined: set[str] = set()
         self._located: dict[str, tuple] = {}  # request -> (store version, first, found)
@@ -153,7 +161,7 @@ class Offload:
         """How many of the found blocks (`keys`, in tiers `levels`) can be read back: a
         disk block whose file fails its checksum is forgotten by the store (the load
         will stop before it)."""
-        if self.intact is None:
+        if self.outbox is None:
             return len(levels)
         for j, (key, level) in enumerate(zip(keys, levels)):
             if store.tiers[level].name != "disk":
@@ -161,7 +169,7 @@ class Offload:
             if (store.index, key) in self._intact:
                 continue
             if not self.intact(store.index, key):
-                store.forget(key)
+                self._drop_damaged(store, key)
                 return j
             self._intact.add((store.index, key))
         return len(levels)
@@ -196,13 +204,12 @@ class Offload:
             pages = tables.pages_of(req.request_id, max(0, end - tables.hit_blocks), end)
             keys, blocks = keys + window[0], np.concatenate([blocks, pages])
             levels = found + window[1]
-        if self.fetch is not None:  # read now what the load copies: damage since the offer
-            damaged = self.fetch(store.index, [k for k, level in zip(keys, levels)
-                                               if store.tiers[level].name == "disk"])
+        if self.outbox is not None:  # check again what the load reads: damage since the offer
+            damaged = [k for k, level in zip(keys, levels)
+                       if store.tiers[level].name == "disk" and not self._check(store.index, k)]
             if damaged:
                 for key in damaged:
-                    store.forget(key)
-                    self._intact.discard((store.index, key))
+                    self._drop_damaged(store, key)
                 return None
         self._located.pop(req.request_id, None)
         start = max(now, self._link_free_s[rank])  # one load at a time per rank's links
@@ -219,17 +226,58 @@ class Offload:
         return start + load_s - now
 
     def _apply(self, store: NodeStore, moves: list) -> None:
-        """Hand the moves to the data plane; blocks the disk could not write are in no
-        tier after all (the data plane warned, once)."""
-        if self.on_moves is None:
+        """Send the moves to the data plane; those that write block files at once, so
+        that the files written, or refused, are known before the next decision."""
+        if self.outbox is None:
             return
-        disk = len(store.tiers) - 1
-        for key in self.on_moves(store.index, moves) or ():
-            if store.level(key) == disk:
-                store.forget(key, "unwritable_blocks")
+        self.outbox.send(TierMoves(store.index, moves))
+        if any(m.kind == "demote" for m in moves):  # (a tier above the disk's)
+            self.outbox.flush()
+        self._settle()
+        disk = store.tiers[-1].name
+        for m in moves:  # a file deleted: its digest goes too
+            if m.kind in ("drop", "discard") and m.tier == disk:
+                self._files.pop((store.index, m.key), None)
+
+    def _settle(self) -> None:
+        """Take in the data plane's reports: where each block file is, with its digest;
+        blocks the disk could not write are in no tier after all (the plane warned)."""
+        for r in self.outbox.take_reports(DiskWrite):
+            store = self.stores[r.store]
+            if r.path is not None:
+                self._files[(r.store, r.key)] = (r.path, r.digest)
+                self._intact.discard((r.store, r.key))  # a new file: check it anew
+            elif store.level(r.key) == len(store.tiers) - 1:
+                store.forget(r.key, "unwritable_blocks")
+
+    # ---------------------------------------------------------------- checks
+    def intact(self, store: int, key: int) -> bool:
+        """Are the bytes of disk block `key` (node store `store`) still what the data
+        plane wrote? (Checked when a load is offered.)"""
+        return self._check(store, key)
+
+    def _check(self, store: int, key: int) -> bool:
+        self._settle()
+        where = self._files.get((store, key))
+        if where is not None and file_intact(*where):
+            return True
+        if self.strict:
+            raise TierCorruption(f"KV block {key:#x} on the disk tier "
+                                 f"({where[0] if where else 'no file'}) is missing or "
+                                 f"failed its checksum; kv_offload_strict is set")
+        return False
+
+    def _drop_damaged(self, store: NodeStore, key: int) -> None:
+        """A disk block that failed its check: in no tier any more, its file removed."""
+        store.forget(key)
+        self._intact.discard((store.index, key))
+        self._files.pop((store.index, key), None)
+        self.outbox.send(TierMoves(store.index, [Move("discard", key, "disk")]))
 
     # --------------------------------------------------------------- report
     def summary(self) -> dict:
+        if self.outbox is not None:
+            self._settle()
         out = {}
         for name in [t.name for t in self.stores[0].tiers]:
             stats = [s.stats()[name] for s in self.stores]

@@ -20,8 +20,14 @@ Besides the step itself the control plane sends **commands**, in the order it de
 them, applied before the step's forward (or at once with `DataPlane.apply` when the
 control plane is about to read or move bytes itself): copy a fetched prefix between DP
 ranks, save or restore a linear-attention state snapshot, release a finished request's
-per-request state. Like the offload tiers' `Move`s, they describe what the control
-plane already did to its bookkeeping; the data plane makes it true on its bytes.
+per-request state, the offload tiers' block `Move`s (`TierMoves`), and a P/D
+hand-over's two halves (`ExportKV` on the prefill side's plane, `ImportKV` on the
+decode side's). They describe what the control plane already did to its bookkeeping;
+the data plane makes it true on its bytes. What the data plane has to tell back comes
+back as reports, in the `StepOutput` (or from `apply`): a block file written, with its
+path and digest, or not writable (`DiskWrite`) — the control plane acts on it itself,
+as vLLM's scheduler acts on the failed loads its KV connector reports — and a
+hand-over's bytes (`KVExported`), which the control plane passes on unopened.
 """
 
 from __future__ import annotations
@@ -75,7 +81,75 @@ class Release:
     request_id: str
 
 
-Command = CopyBlocks | SaveState | RestoreState | Release
+@dataclass(slots=True)
+class TierMoves:
+    """Blocks the control plane moved between the GPU and the offload tiers of node
+    store `store` (`kv/tiers.py` `Move`s, in order): copy the bytes along."""
+
+    store: int
+    moves: list
+
+
+@dataclass(slots=True)
+class KVSpan:
+    """Positions start..stop-1 of a request's KV, in the blocks `table` (its block ids
+    on that plane; for a sliding-window model's window layers, its window table); of
+    `layers` only, if given."""
+
+    table: np.ndarray
+    start: int
+    stop: int
+    layers: list[int] | None = None
+
+
+@dataclass(slots=True)
+class ExportKV:
+    """P/D hand-over, prefill side: read request_id's KV `spans` on DP rank dp (and, for
+    a hybrid model, its linear-attention state after `state_position` tokens) into a
+    `KVExported` report named `transfer`."""
+
+    transfer: str
+    dp: int
+    request_id: str
+    spans: list[KVSpan]
+    state_position: int | None = None
+
+
+@dataclass(slots=True)
+class ImportKV:
+    """P/D hand-over, decode side: write an exported `payload` into request_id's blocks
+    on DP rank dp (`spans`: this plane's tables, in the export's order)."""
+
+    dp: int
+    request_id: str
+    spans: list[KVSpan]
+    payload: object
+    state_position: int | None = None
+
+
+Command = CopyBlocks | SaveState | RestoreState | Release | TierMoves | ExportKV | ImportKV
+
+
+# ------------------------------------------------------------------- reports
+@dataclass(slots=True)
+class DiskWrite:
+    """A block the data plane wrote to the disk tier: its file (`path`) and the
+    blake2b digest of the file's bytes — what the control plane checks before it
+    loads the block — or `path=None`: the disk could not take it."""
+
+    store: int
+    key: int
+    path: str | None = None
+    digest: bytes | None = None
+
+
+@dataclass(slots=True)
+class KVExported:
+    """The bytes an `ExportKV` read: opaque to the control plane, which hands them to
+    the decode side's plane in an `ImportKV` (across processes, they travel pickled)."""
+
+    transfer: str
+    payload: object
 
 
 # --------------------------------------------------------------- the step
@@ -119,10 +193,11 @@ class StepInput:
 class StepOutput:
     """What a step took (per rank and overall, `StepTiming`) and, on a plane that
     computes, the token ids each request produced (a decode's verified tokens; one
-    sampled token after a prompt's last chunk)."""
+    sampled token after a prompt's last chunk), and the reports of the step's commands."""
 
     timing: StepTiming
     tokens: dict[str, list[int]] | None = None
+    reports: list = field(default_factory=list)  # about the commands (`DiskWrite`, ...)
 
 
 class DataPlane(Protocol):
@@ -141,6 +216,6 @@ class DataPlane(Protocol):
 
     def execute(self, step: StepInput) -> StepOutput: ...
 
-    def apply(self, commands: list) -> None: ...
+    def apply(self, commands: list) -> list: ...  # the commands' reports
 
     def close(self) -> None: ...

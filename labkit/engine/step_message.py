@@ -9,10 +9,12 @@ sliding-window table, the block boundaries where a linear-attention state must b
 and the copy-on-write pairs the allocation queued. Tables are copied, so the message
 stays valid whatever the KV manager does next.
 
-`Outbox` collects the commands (`step_io`'s copies, snapshots, releases) the control
-plane decides between steps, in order; the next step's message takes them all, or the
-engine hands them over at once (`flush`) before it reads or moves bytes on the plane
-itself, and when it runs out of events.
+`Outbox` collects the commands (`step_io`'s copies, snapshots, releases, tier moves)
+the control plane decides between steps, in order; the next step's message takes them
+all, or the engine hands them over at once (`flush`) before a P/D hand-over, before the
+offload checks a block file the pending moves write, and when it runs out of events.
+The plane's reports about them come back into the outbox (`receive`) for the part of
+the control plane that reads them (the offload, `take_reports`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from labkit.engine.step_io import CopyBlocks, Release, RankStep, StepInput
 
 
 class Outbox:
-    """Commands for the data plane, in the order the control plane decided them."""
+    """Commands for the data plane, in the order the control plane decided them, and
+    the reports that came back about them (`DiskWrite`), until their reader takes them."""
 
     def __init__(self, plane) -> None:
         self.plane = plane  # where `flush` delivers (the control plane sends, never reads)
         self.commands: list = []
+        self.reports: list = []
 
     def send(self, command) -> None:
         self.commands.append(command)
@@ -47,15 +51,20 @@ class Outbox:
     def flush(self) -> None:
         """Deliver the pending commands now."""
         if self.commands:
-            self.plane.apply(self.take())
+            self.receive(self.plane.apply(self.take()))
 
-    def before(self, fn):
-        """`fn`, called only once the pending commands are delivered (it touches the
-        bytes they change: the offload tiers' moves)."""
-        def flushed(*args):
-            self.flush()
-            return fn(*args)
-        return flushed
+    def receive(self, reports) -> None:
+        """The data plane's reports about delivered commands (in a `StepOutput`, or
+        from `apply`)."""
+        if reports:
+            self.reports.extend(reports)
+
+    def take_reports(self, kind: type) -> list:
+        """The reports of type `kind`, in order (the others stay for their readers)."""
+        out = [r for r in self.reports if isinstance(r, kind)]
+        if out:
+            self.reports = [r for r in self.reports if not isinstance(r, kind)]
+        return out
 
 
 def step_input(batches, schedulers, work, lockstep: bool, outbox: Outbox | None,

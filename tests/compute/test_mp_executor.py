@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from compute_cases import (
-    compute_engine, logits_by_row, outputs, run_to_end, shared_prefix_prompts,
-    submit_prompts)
+    compute_engine, logits_by_row, outputs, replay_agentic, run_to_end,
+    shared_prefix_prompts, submit_prompts)
 
 from labkit.engine.compute.mp_executor import WorkerDied
 from labkit.engine.engine import Engine
@@ -96,3 +96,71 @@ def test_agentic_replay_with_kv_fetched_across_processes():
     assert procs.fetched_tokens.sum() > 0  # some KV crossed between DP ranks
     assert threads.output_token_ids.map(list).tolist() == \
         procs.output_token_ids.map(list).tolist()
+
+
+def offloaded(layout: str, executor: str, folder):
+    """The agentic trace on 30 GPU blocks, with a 12-block CPU tier and a disk tier:
+    prefixes go down to the host and to files, and come back."""
+    eng = compute_engine("tiny-llama", layout, executor=executor)
+    gib = eng.block_size * eng.placement.kv_bytes_per_token() / 2**30
+    eng.data_plane.close()
+    eng, _ = replay_agentic("tiny-llama", layout, executor=executor, cpu_kv_gib=12 * gib,
+                            disk_kv_gib=200 * gib, kv_offload_dir=str(folder))
+    eng.data_plane.close()
+    return eng
+
+
+@pytest.mark.parametrize("layout", ["dp2", pytest.param("tp2", marks=pytest.mark.slow)])
+def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
+    """With `executor="mp"` the tier moves reach the ranks as step commands: each
+    process reads and writes its own GPU's slice of a block (dp2: a block stored from
+    one DP rank's process is loaded into the other's). Same tokens as threads, and
+    blocks really came back from both tiers."""
+    threads = offloaded(layout, "threads", tmp_path / "threads")
+    procs = offloaded(layout, "mp", tmp_path / "mp")
+    stats = procs.offload.summary()
+    assert stats["cpu_tier_hit_blocks"] > 0 and stats["disk_tier_hit_blocks"] > 0
+    assert stats == threads.offload.summary()
+    assert outputs(procs) == outputs(threads)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("model,layout", [("tiny-llama", "tp2xpp2"), ("tiny-qwen3-moe", "dep2")])
+def test_a_process_makes_only_its_own_shard(model, layout):
+    """`RankPlan.weights_for` makes only the tensors a GPU slices from (its stage's
+    layers, its experts): less than the whole model, and the rank built from them holds
+    exactly the tensors of a rank built from the whole model."""
+    from labkit.engine.compute.executors import RankPlan
+    from labkit.engine.compute.mesh import Mesh
+    from labkit.engine.compute.models.weights import init_weights
+    from labkit.engine.compute.rank_weights import rank_weights
+
+    eng = compute_engine(model, layout)
+    plane = eng.data_plane
+    plan = RankPlan(plane.spec, plane.layout, eng.config, 4, eng.block_size, plane.device,
+                    plane.dtype)
+    full = init_weights(plane.spec, eng.config.seed, plane.dtype)
+    whole = sum(t.numel() for t in full.values())
+    for place in Mesh(plane.layout, plane.spec).places:
+        made = plan.weights_for(place)
+        assert sum(t.numel() for t in made.values()) < whole
+        mine = rank_weights(plane.spec, made, place, plane.layout)
+        want = rank_weights(plane.spec, full, place, plane.layout)
+        assert mine.keys() == want.keys()
+        for layer in want:
+            assert mine[layer].keys() == want[layer].keys()
+            assert all(torch.equal(mine[layer][k], want[layer][k]) for k in want[layer])
+    plane.close()
+
+
+def test_worker_processes_hold_their_shards_bytes():
+    """Under mp each process's weights take exactly the bytes of the same GPU's rank
+    under threads (built by slicing the whole model)."""
+    from labkit.engine.compute.executors import weight_nbytes
+
+    sizes = {}
+    for executor in ("threads", "mp"):
+        plane = compute_engine("tiny-llama", "pp2", executor=executor).data_plane
+        sizes[executor] = plane.executor.run(weight_nbytes, [(), ()], [0, 1])
+        plane.close()
+    assert sizes["mp"] == sizes["threads"] and min(sizes["mp"]) > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import sys
 import types
 
 import numpy as np
@@ -28,18 +29,21 @@ from labkit.specs import get_model
 CONTROL = (KVManager, Scheduler, Instance, Engine, Request)
 
 
-def control_refs(root) -> list[str]:
-    """Paths from `root` to control-plane objects: through attributes, slots,
-    containers, bound methods, partials and closures (tensors are leaves)."""
-    found, seen, todo = [], set(), [(root, "plane")]
+def control_refs(root, kinds: tuple = CONTROL, stop: tuple = ()) -> list[str]:
+    """Paths from `root` to objects of `kinds` (the control plane's, unless told):
+    through attributes, slots, containers, bound methods, partials and closures
+    (tensors are leaves; objects of `stop` are not entered)."""
+    found, seen, todo = [], set(), [(root, "root")]
     while todo:
         obj, path = todo.pop()
-        if id(obj) in seen or isinstance(obj, (torch.Tensor, np.ndarray, str, bytes, int,
-                                               float, type, types.ModuleType)):
+        if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, CONTROL):
+        if isinstance(obj, kinds):
             found.append(f"{path}: {type(obj).__name__}")
+            continue
+        if isinstance(obj, (torch.Tensor, np.ndarray, str, bytes, int, float, type,
+                            types.ModuleType, *stop)):
             continue
         children = []
         if isinstance(obj, dict):
@@ -73,7 +77,7 @@ def test_the_walk_finds_a_reference_hidden_in_a_closure():
         def __init__(self):
             self.hooks = {"table": lambda dp: kv}
 
-    assert control_refs(Plane()) == ["plane.hooks['table'].<closure>: KVManager"]
+    assert control_refs(Plane()) == ["root.hooks['table'].<closure>: KVManager"]
     eng.data_plane.close()
 
 
@@ -162,3 +166,89 @@ def test_the_simulated_planes_hold_nothing_of_the_control_plane():
             assert all(r.block_tables is None and r.token_ids is None for r in step.ranks)
             assert all(rid in eng.requests for r in step.ranks for rid in r.request_ids)
             assert [len(t) for t in tables] == [len(r) for r in step.ranks]
+
+
+def test_offload_tier_moves_travel_as_commands(tmp_path):
+    """cpu and disk tiers on the compute plane: the moves reach the plane as TierMoves
+    commands (with a step, or delivered at once when they write files), the plane's
+    reports name each file it wrote, and neither plane holds the other's objects: the
+    plane nothing of the control plane, the offload nothing of the plane's bytes."""
+    from compute_cases import agentic_trace
+
+    from labkit.engine.compute.tier_bytes import TierBytes
+    from labkit.engine.step_io import DiskWrite, TierMoves
+
+    eng = compute_engine("tiny-llama", "tp1", num_gpu_blocks_override=30)
+    gib = eng.block_size * eng.placement.kv_bytes_per_token() / 2**30
+    eng = compute_engine("tiny-llama", "tp1", num_gpu_blocks_override=30,
+                         cpu_kv_gib=12 * gib, disk_kv_gib=200 * gib,
+                         kv_offload_dir=str(tmp_path))
+    seen = record_steps(eng)
+    applied, apply = [], eng.data_plane.apply
+
+    def spy_apply(commands):
+        applied.append((list(commands), reports := apply(commands)))
+        return reports
+
+    eng.data_plane.apply = spy_apply
+    eng.replay(agentic_trace(3), concurrency=4, loop_trace=False, max_idle_s=1.0,
+               start_part_way=False)
+    del eng.data_plane.execute, eng.data_plane.apply
+    in_steps = [c for blob, _ in seen for c in pickle.loads(blob).commands
+                if isinstance(c, TierMoves)]
+    at_once = [c for commands, _ in applied for c in commands if isinstance(c, TierMoves)]
+    moves = [m for c in in_steps + at_once for m in c.moves]
+    kinds = {m.kind for m in moves}
+    assert {"store", "demote", "load"} <= kinds
+    assert eng.offload.summary()["disk_tier_hit_blocks"] > 0
+    # every demote was delivered at once, and its file reported back
+    written = [r for _, reports in applied for r in reports if isinstance(r, DiskWrite)]
+    demotes = [m for c in at_once for m in c.moves if m.kind == "demote"]
+    assert demotes and len(written) == len(demotes) == \
+        sum(m.kind == "demote" for m in moves)
+    assert all(r.path and len(r.digest) == 32 for r in written)
+    assert control_refs(eng.data_plane) == []
+    outbox = eng.offload.outbox
+    plane_side = (type(eng.data_plane), TierBytes, torch.Tensor)
+    # (the engine owns its plane; the outbox is the way commands go)
+    assert control_refs(eng.offload, plane_side, stop=(type(outbox), Engine)) == []
+    eng.data_plane.close()
+
+
+def test_a_pd_hand_over_travels_as_commands(monkeypatch):
+    """P/D on the compute plane: the KV crosses as an ExportKV carried out by the
+    prefill side's plane and an ImportKV in the decode side's step messages; the
+    conversion (kv_convert) runs only inside the planes' `apply`, never called by the
+    control plane."""
+    from compute_cases import FixedStepCost, agentic_trace
+
+    from labkit.engine.compute import kv_convert
+    from labkit.engine.disagg import PDEngine
+    from labkit.engine.step_io import ImportKV
+
+    callers = []
+
+    def spying(real):
+        def spy(*args, **kw):
+            frame = sys._getframe(1)
+            while frame.f_code.co_filename == kv_convert.__file__:
+                frame = frame.f_back
+            callers.append(frame.f_code.co_name)  # who asked kv_convert
+            return real(*args, **kw)
+        return spy
+
+    for name in ("export_kv", "import_kv"):
+        monkeypatch.setattr(kv_convert, name, spying(getattr(kv_convert, name)))
+    pd = PDEngine("tiny-llama", "pcp2", "tp2", backend="compute", cost_model=FixedStepCost(),
+                  clock="predicted", num_gpu_blocks_override=60)
+    seen = record_steps(pd.decode[0])
+    pd.replay(agentic_trace(3), concurrency=4, loop_trace=False, max_idle_s=1.0,
+              start_part_way=False)
+    del pd.decode[0].data_plane.execute  # (the spy)
+    imports = [c for blob, _ in seen for c in pickle.loads(blob).commands
+               if isinstance(c, ImportKV)]
+    assert len(pd.transfers) >= 3 and len(imports) == len(pd.transfers)
+    assert callers == ["apply"] * (2 * len(pd.transfers))
+    for e in (*pd.prefill, *pd.decode):
+        assert control_refs(e.data_plane) == []
+        e.data_plane.close()

@@ -20,7 +20,9 @@ Everything a step needs arrives in its message (`engine/step_io.py`): each reque
 new token ids, block table, window table, state marks and copy-on-write pairs, and the
 commands the control plane queued since the last step (a session's KV fetched from
 another DP rank, copied block by block; linear-state snapshots saved and restored;
-finished requests released), which `apply` carries out, in order, before the forward.
+finished requests released, blocks moved to and from the offload tiers, a P/D
+hand-over's KV read out or written in), which `apply` carries out, in order, before
+the forward.
 The plane never reads the control plane's objects.
 
 Sliding-window models (gpt-oss): a step's entries carry a second block table, the KV
@@ -40,14 +42,15 @@ import torch
 from labkit.engine.compute.executors import (
     RankPlan, check_executor, forward_step, kv_nbytes, make_executor, release_request,
     restore_snapshot, save_snapshot)
+from labkit.engine.compute.kv_convert import export_request, import_request
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
 from labkit.engine.sim.work import StepTiming
-from labkit.engine.step_io import CopyBlocks, Release, RestoreState, SaveState, StepInput, \
-    StepOutput
+from labkit.engine.step_io import CopyBlocks, ExportKV, ImportKV, KVExported, Release, \
+    RestoreState, SaveState, StepInput, StepOutput, TierMoves
 from labkit.errors import ConfigError, unknown_choice
 
 CLOCKS = ("measured", "predicted")
@@ -88,10 +91,6 @@ class ComputeDataPlane:
         # what the weights are, for the disk tier's namespace (kv_namespace.py)
         self.weights_id = weights_identity(config.seed, checkpoint, weights) \
             if config.disk_kv_gib else ""
-        if executor == "mp" and config.cpu_kv_gib:  # (checked before any process starts)
-            # the tiers copy rank tensors from this process
-            raise ConfigError("cpu_kv_gib: KV offload tiers run with executor='threads' "
-                              "only (not yet with executor='mp')")
         plan = RankPlan(spec, layout, config, num_blocks, block_size, self.device, self.dtype,
                         checkpoint, weights)
         self.executor = make_executor(executor, plan, self.mesh)
@@ -119,7 +118,7 @@ class ComputeDataPlane:
     # ------------------------------------------------------------------ step
     def execute(self, step: StepInput) -> StepOutput:
         t0 = time.perf_counter()
-        self.apply(step.commands)
+        reports = self.apply(step.commands)
         batches = step.ranks
         copies = {b.rank: [] for b in batches}  # copy-on-write pairs, applied on the ranks
         steps = {b.rank: self._step_batch(b, copies[b.rank]) for b in batches}
@@ -139,7 +138,7 @@ class ComputeDataPlane:
         self.seconds["forward"] += t2 - t1
         self.seconds["collectives"] += max(comm.values())
         self.seconds["host"] += (t1 - t0) + (time.perf_counter() - t2)
-        return StepOutput(timing, tokens)
+        return StepOutput(timing, tokens, reports)
 
     def _step_batch(self, b, copies: list) -> StepBatch:
         """One DP rank's part of the message (`RankStep`) as the tensors' view of it;
@@ -208,8 +207,10 @@ class ComputeDataPlane:
                           np.zeros((1, len(batches))))
 
     # ------------------------------------------------------------- commands
-    def apply(self, commands: list) -> None:
-        """Carry out the control plane's commands, in the order it decided them."""
+    def apply(self, commands: list) -> list:
+        """Carry out the control plane's commands, in the order it decided them;
+        returns their reports (the offload tiers' `DiskWrite`s)."""
+        reports = []
         for c in commands:
             if isinstance(c, CopyBlocks):
                 self.copy_kv(c.src_dp, c.dst_dp, c.src_blocks, c.dst_blocks)
@@ -221,8 +222,15 @@ class ComputeDataPlane:
                 self.executor.run(restore_snapshot, [args] * len(gpus), gpus)
             elif isinstance(c, Release):
                 self.release(c.request_id)
+            elif isinstance(c, TierMoves):
+                reports += self.tiers(c.store, c.moves)
+            elif isinstance(c, ExportKV):  # P/D: the bytes go back in the report
+                reports.append(KVExported(c.transfer, export_request(self, c)))
+            elif isinstance(c, ImportKV):
+                import_request(self, c)
             else:
                 raise ValueError(f"unknown data-plane command {c!r}")
+        return reports
 
     def _save_linear_state(self, c: SaveState) -> None:
         """The control plane saved a snapshot: copy the state on DP rank dp's GPUs, and

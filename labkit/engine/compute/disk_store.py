@@ -39,6 +39,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from labkit.engine.kv.block_check import file_digest
+
 MAGIC = b"LKVB"
 VERSION = 1
 HEADER = struct.Struct("<4sHHqQ32s")  # magic, version, reserved, key, length, digest
@@ -101,6 +103,10 @@ class DiskBlockStore:
     # ------------------------------------------------------------ writing
     def write(self, key: int, tensors: dict[str, torch.Tensor]) -> int:
         """Store (or replace) block `key`; returns the bytes written."""
+        return self.write_checked(key, tensors)[0]
+
+    def write_checked(self, key: int, tensors: dict[str, torch.Tensor]) -> tuple[int, bytes]:
+        """`write`, also returning the digest of the whole file (`kv/block_check.py`)."""
         key = _check_key(key)
         payload = st_save(_packed(tensors))
         header = HEADER.pack(MAGIC, VERSION, 0, key, len(payload),
@@ -123,7 +129,7 @@ class DiskBlockStore:
             _unlink(tmp)
             raise
         self._sync_directory()
-        return len(header) + len(payload)
+        return len(header) + len(payload), file_digest(header + payload)
 
     def _sync_directory(self) -> None:
         fd = os.open(self.directory, os.O_RDONLY)

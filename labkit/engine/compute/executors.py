@@ -28,11 +28,11 @@ import torch
 from labkit.engine.compute.group import Group, VirtualCluster
 from labkit.engine.compute.mesh import Mesh, RankPlace
 from labkit.engine.compute.models.checkpoint import load_safetensors
-from labkit.engine.compute.models.weights import init_weights
+from labkit.engine.compute.models.weights import init_tensor, init_weights, weight_shapes
 from labkit.engine.compute.paged_kv import PagedKV
 from labkit.engine.compute.rank import Rank
 from labkit.engine.compute.rank_model import rank_forward
-from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
+from labkit.engine.compute.rank_weights import kv_shapes, rank_tensor_names, rank_weights
 from labkit.engine.compute.step_batch import StepBatch
 from labkit.errors import ConfigError, unknown_choice
 
@@ -67,6 +67,19 @@ class RankPlan:
             return load_safetensors(self.checkpoint, self.spec, dtype=self.dtype)
         return init_weights(self.spec, self.config.seed, self.dtype)
 
+    def weights_for(self, place: RankPlace) -> dict:
+        """The unsharded tensors GPU `place` cuts its slices from: only its stage's
+        layers (under EP only its own experts), the embedding on the first stage, the
+        final norm and head on the last. Seeded weights are made tensor by tensor
+        (`init_tensor` depends on the name alone), so a process never holds the whole
+        model; a checkpoint or given weights are read whole, then filtered."""
+        if self.weights is not None or self.checkpoint:
+            full = self.full_weights()
+            return {n: full[n] for n in rank_tensor_names(self.spec, self.layout, place, full)}
+        shapes = weight_shapes(self.spec)
+        return {n: init_tensor(n, shapes[n], self.config.seed, self.dtype)
+                for n in rank_tensor_names(self.spec, self.layout, place, shapes)}
+
     def build(self, place: RankPlace, mesh: Mesh, full: dict,
               groups: dict[str, Group]) -> Rank:
         w = rank_weights(self.spec, full, place, self.layout, self.device)
@@ -95,6 +108,27 @@ def comm_seconds(rank: Rank) -> float:
 
 def kv_nbytes(rank: Rank) -> int:
     return rank.kv.nbytes
+
+
+def read_kv_block(rank: Rank, block: int) -> dict[str, torch.Tensor]:
+    """A copy, on the CPU, of what this GPU holds of paged block `block`: every layer's
+    cache tensors, named `"<layer>.<name>"` (the offload tiers' bytes)."""
+    return {f"{layer}.{name}": t[block].detach().to("cpu", copy=True)
+            for layer, named in rank.kv.layers.items() for name, t in named.items()}
+
+
+def write_kv_block(rank: Rank, block: int, data: dict[str, torch.Tensor]) -> None:
+    """Put `read_kv_block`'s bytes back into paged block `block`."""
+    for layer, named in rank.kv.layers.items():
+        for name, t in named.items():
+            src = data[f"{layer}.{name}"]
+            t[block].copy_(src, non_blocking=src.is_pinned())
+
+
+def weight_nbytes(rank: Rank) -> int:
+    """The bytes of the weights this GPU holds (its slices)."""
+    return sum(t.numel() * t.element_size() for named in rank.weights.values()
+               for t in named.values())
 
 
 def release_request(rank: Rank, request_id: str) -> None:

@@ -22,6 +22,10 @@ Block tables are the KV manager's physical block ids on the DP rank in question 
 planes' ids are unrelated); positions `start..` let a transfer skip a prefix the
 destination already holds (a prefix-cache hit).
 
+The two halves of a P/D hand-over reach the planes as step commands (`ExportKV`,
+`ImportKV` in `engine/step_io.py`): `export_request` runs on the prefill side's plane
+and its result travels back as a report, `import_request` on the decode side's.
+
 A hybrid model's linear-attention layers keep no per-token KV but one state per request
 (`linear_state.py`), split by heads over TP: `export_state` joins the TP ranks' head
 slices into whole states, `import_state` cuts them for the destination's TP ranks and
@@ -146,6 +150,22 @@ def import_state(plane, dp_rank: int, request_id: str, position: int, data: dict
                     rank.linear.restore(layer, request_id, pos, mine)
                 else:
                     rank.linear.mark(layer, request_id, pos, mine)
+
+
+def export_request(plane, c) -> dict:
+    """An `ExportKV` command carried out: its spans' KV (in order) and the state."""
+    kv = [export_kv(plane, c.dp, s.table, s.stop, s.start, s.layers) for s in c.spans]
+    state = None if c.state_position is None else \
+        export_state(plane, c.dp, c.request_id, c.state_position)
+    return {"kv": kv, "state": state}
+
+
+def import_request(plane, c) -> None:
+    """An `ImportKV` command carried out: `export_request`'s payload written in."""
+    for span, data in zip(c.spans, c.payload["kv"], strict=True):
+        import_kv(plane, c.dp, span.table, data, span.start, span.layers)
+    if c.state_position is not None:
+        import_state(plane, c.dp, c.request_id, c.state_position, c.payload["state"])
 
 
 # KDAState fields: conv_q, conv_k, conv_v `[K-1, heads * dk]` (heads are column blocks),

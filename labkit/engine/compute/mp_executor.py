@@ -37,8 +37,6 @@ import threading
 import time
 from datetime import timedelta
 
-import time
-
 import torch
 import torch.distributed as dist
 
@@ -96,8 +94,9 @@ class ProcessExecutor:
         self.ctrl = dist.new_group(backend="gloo")
         self._call(lambda: dist.broadcast_object_list([plan], src=0, group=self.ctrl))
         groups = build_groups(mesh, 0)
-        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh, plan.full_weights(),
-                                                groups)}, self.world_size)
+        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
+                                                plan.weights_for(mesh.places[0]), groups)},
+                                 self.world_size)
         atexit.register(self.close)  # workers stop with the driver even if never closed
 
     def _join_torchrun(self) -> None:
@@ -272,7 +271,7 @@ def serve(rank: int | None = None, world_size: int | None = None,
         dist.broadcast_object_list(box, src=0, group=ctrl)
         plan: RankPlan = box[0]
         mesh = Mesh(plan.layout, plan.spec)
-        local = plan.build(mesh.places[rank], mesh, plan.full_weights(),
+        local = plan.build(mesh.places[rank], mesh, plan.weights_for(mesh.places[rank]),
                            build_groups(mesh, rank))
         while True:
             dist.broadcast_object_list(box, src=0, group=ctrl)
@@ -341,4 +340,6 @@ def _to_cpu(value):
         return value.cpu()
     if isinstance(value, (tuple, list)):
         return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
     return value

@@ -49,6 +49,20 @@ def rank_weights(spec: ModelSpec, full: dict[str, Tensor], place: RankPlace, lay
     return out
 
 
+def rank_tensor_names(spec: ModelSpec, layout: Layout, place: RankPlace, names) -> list[str]:
+    """Which of the full model's tensor `names` `rank_weights` reads for this GPU."""
+    keep = (None if layout.ep == 1
+            else set(owned_experts(spec.num_experts, layout.ep, place.ep_index)))
+    prefixes = tuple(f"model.layers.{layer}." for layer in place.layers)
+    model = ({"model.embed_tokens.weight"} if place.first_stage else set()) | \
+        ({"model.norm.weight", "lm_head.weight"} if place.last_stage else set())
+    if place.last_stage and "lm_head.weight" not in names:  # tied: the head is the embedding
+        model.add("model.embed_tokens.weight")
+    return [n for n in names
+            if n in model or (n.startswith(prefixes) and (
+                keep is None or ".mlp.experts." not in n or _expert_id(n) in keep))]
+
+
 def _expert_id(name: str) -> int:
     return int(name.split(".mlp.experts.")[1].split(".")[0])
 

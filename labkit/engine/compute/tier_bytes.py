@@ -1,7 +1,10 @@
 """The bytes behind the KV offload tiers: host tensors and block files.
 
-The control plane decides which block goes where (`engine/kv/tiers.py`) and reports
-each decision as a `Move`; this module makes it true on real tensors. A block's bytes
+The control plane decides which block goes where (`engine/kv/tiers.py`) and sends each
+decision as a `Move`, in a `TierMoves` step command (`step_io.py`); this module makes it
+true on real tensors. The blocks are read from and written to the GPUs through the
+plane's executor (`read_kv_block` / `write_kv_block`), so the ranks may be threads of
+this process or processes of their own (`executor="mp"`). A block's bytes
 are, for every GPU of a DP replica and every attention layer it holds, that GPU's slice
 of one paged block (under DCP, its shard of the block's tokens; under TP, its heads) —
 gathered into one dict of tensors, named `"<gpu in replica>.<layer>.<name>"`.
@@ -18,12 +21,13 @@ a "load" copies the tier's bytes into the GPU blocks the KV manager allocated.
 The disk tier is a cache, so its failures cost recomputation, never a wrong token or a
 lost run:
 
-- a damaged block file is never served. `intact` reads a block when a load is first
-  offered; `fetch` reads every disk block of a load again when it is admitted and keeps
-  the bytes for the load itself, so a file damaged in between is caught too. The
-  control plane forgets a damaged block and recomputes from it on;
+- a damaged block file is never served. Every block file written is reported back
+  (`DiskWrite`: its path and the digest of its bytes); the control plane checks the
+  file against it when a load is first offered and again when it starts
+  (`kv/block_check.py`), forgets a damaged block, sends a "discard" for its file and
+  recomputes from it on. A load that still meets a bad file raises `TierCorruption`;
 - a write that fails (a read-only or full `kv_offload_dir`) leaves the block out of the
-  tier: `__call__` returns the keys it could not write, the control plane forgets them
+  tier: it is reported with no path, the control plane forgets it
   (``disk_tier_unwritable_blocks`` in summaries), and a `TierWarning` names the knob and
   the folder, once. The blocks already on disk keep being served.
 
@@ -42,11 +46,12 @@ from pathlib import Path
 import torch
 
 from labkit.engine.compute.disk_store import DiskBlockStore
+from labkit.engine.compute.executors import read_kv_block, write_kv_block
 from labkit.engine.compute.kv_namespace import EngineFolder, namespace_digest
+from labkit.engine.kv.block_check import TierCorruption
+from labkit.engine.step_io import DiskWrite
 
-
-class TierCorruption(RuntimeError):
-    """A block the control plane placed on disk could not be read back intact."""
+__all__ = ["TierBytes", "TierCorruption", "TierWarning", "TierWriteError"]
 
 
 class TierWriteError(RuntimeError):
@@ -63,7 +68,8 @@ STRICT_HINT = "set kv_offload_strict=True (--kv-offload-strict) to stop instead"
 class TierBytes:
     def __init__(self, plane, directory: str | None = None, identity: dict | None = None,
                  strict: bool = False) -> None:
-        """`plane`: the ComputeDataPlane (its ranks' paged caches and its mesh);
+        """`plane`: the ComputeDataPlane (its mesh, and its executor, through which the
+        GPU blocks are read and written);
         `directory`: the user's kv_offload_dir (default: a temporary one, removed by
         `close`); `identity`: what the KV bytes depend on (`kv_namespace.kv_identity`);
         `strict`: fail instead of degrading."""
@@ -78,7 +84,6 @@ class TierBytes:
         self.host: dict[int, dict[int, dict[str, torch.Tensor]]] = {}  # store -> key -> block
         self.disks: dict[int, DiskBlockStore] = {}
         self._folder: EngineFolder | None = None
-        self._staged: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # fetched to load
         self.unwritable_blocks = 0
         self._warned = False
         self._pin = plane.device.type == "cuda"
@@ -97,33 +102,32 @@ class TierBytes:
         return self.disks[store]
 
     # ---------------------------------------------------------------- moves
-    def __call__(self, store: int, moves) -> list[int]:
-        """Mirror the moves; returns the keys the disk tier could not write."""
+    def __call__(self, store: int, moves) -> list[DiskWrite]:
+        """Mirror the moves; returns what was written to disk (or could not be)."""
         host = self.host.setdefault(store, {})
-        unwritten = []
+        written = []
         for m in moves:
             if m.kind == "store":
                 host[m.key] = self.read_gpu(m.rank, m.block)
             elif m.kind == "demote":
-                if not self._write(store, m.key, host.pop(m.key)):
-                    unwritten.append(m.key)
+                written.append(self._write(store, m.key, host.pop(m.key)))
             elif m.kind in ("drop", "discard"):
                 if m.tier == "cpu":
                     del host[m.key]
                 elif store in self.disks:  # (none when the folder could not be made)
                     self.disks[store].delete(m.key)
             elif m.kind == "load":
-                block = host[m.key] if m.tier == "cpu" else \
-                    self._staged.pop((store, m.key), None) or self._read_disk(store, m.key)
+                block = host[m.key] if m.tier == "cpu" else self._read_disk(store, m.key)
                 self.write_gpu(m.rank, m.block, block)
             else:
                 raise ValueError(f"unknown tier move {m.kind!r}")
-        return unwritten
+        return written
 
-    def _write(self, store: int, key: int, block: dict[str, torch.Tensor]) -> bool:
+    def _write(self, store: int, key: int, block: dict[str, torch.Tensor]) -> DiskWrite:
         try:
-            self.disk(store).write(key, block)
-            return True
+            disk = self.disk(store)
+            _, digest = disk.write_checked(key, block)
+            return DiskWrite(store, key, str(disk.path(key)), digest)
         except OSError as err:
             self.unwritable_blocks += 1
             where = f"kv_offload_dir (--kv-offload-dir) {self.root}"
@@ -135,30 +139,9 @@ class TierBytes:
                 warnings.warn(f"{where}: cannot write KV blocks ({err.strerror or err}); the "
                               f"disk tier keeps serving the blocks it holds and recomputes "
                               f"the others ({STRICT_HINT})", TierWarning, stacklevel=2)
-            return False
+            return DiskWrite(store, key)
 
     # -------------------------------------------------------------- reading
-    def intact(self, store: int, key: int) -> bool:
-        """Can the disk block be read back? (A corrupt file is deleted on the way.)"""
-        return self._read(store, key) is not None
-
-    def fetch(self, store: int, keys: list[int]) -> list[int]:
-        """Read the disk blocks of a load about to start and keep their bytes for it;
-        returns the keys that could not be read intact (then nothing is kept)."""
-        blocks = {key: self._read(store, key) for key in keys}
-        bad = [key for key, block in blocks.items() if block is None]
-        if not bad:
-            self._staged = {(store, key): block for key, block in blocks.items()}
-        return bad
-
-    def _read(self, store: int, key: int) -> dict[str, torch.Tensor] | None:
-        block = self.disk(store).read(key)
-        if block is None and self.strict:
-            raise TierCorruption(f"KV block {key:#x} on the disk tier "
-                                 f"({self.disk(store).path(key)}) is missing or failed its "
-                                 f"checksum; kv_offload_strict is set")
-        return block
-
     def _read_disk(self, store: int, key: int) -> dict[str, torch.Tensor]:
         block = self.disk(store).read(key)
         if block is None:
@@ -170,23 +153,22 @@ class TierBytes:
     # ----------------------------------------------------------- GPU blocks
     def read_gpu(self, dp_rank: int, block: int) -> dict[str, torch.Tensor]:
         """One paged block of DP rank `dp_rank`, from every GPU of its replica."""
+        gpus = self.plane.mesh.replica_gpus(dp_rank)
+        parts = self.plane.executor.run(read_kv_block, [(block,)] * len(gpus), gpus)
         out = {}
-        for i, gpu in enumerate(self.plane.mesh.replica_gpus(dp_rank)):
-            for layer, named in self.plane.ranks[gpu].kv.layers.items():
-                for name, t in named.items():
-                    copy = t[block].detach().to("cpu", copy=True)
-                    out[f"{i}.{layer}.{name}"] = copy.pin_memory() if self._pin else copy
+        for i, part in enumerate(parts):
+            for name, t in part.items():
+                out[f"{i}.{name}"] = t.pin_memory() if self._pin else t
         return out
 
     def write_gpu(self, dp_rank: int, block: int, data: dict[str, torch.Tensor]) -> None:
-        for i, gpu in enumerate(self.plane.mesh.replica_gpus(dp_rank)):
-            for layer, named in self.plane.ranks[gpu].kv.layers.items():
-                for name, t in named.items():
-                    t[block].copy_(data[f"{i}.{layer}.{name}"], non_blocking=self._pin)
+        gpus = self.plane.mesh.replica_gpus(dp_rank)
+        parts = [{name[len(f"{i}."):]: t for name, t in data.items()
+                  if name.startswith(f"{i}.")} for i in range(len(gpus))]
+        self.plane.executor.run(write_kv_block, [(block, p) for p in parts], gpus)
 
     def close(self) -> None:
         self.host.clear()
-        self._staged.clear()
         if self._folder is not None:
             self._folder.close()
         if self._cleanup is not None:

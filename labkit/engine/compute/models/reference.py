@@ -74,7 +74,9 @@ def _cast(weights: Mapping[str, Tensor], dtype: torch.dtype | None) -> Mapping[s
 
 
 def lm_head_weight(weights: Mapping[str, Tensor]) -> Tensor:
-    return weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    if "lm_head.weight" in weights:  # (untied; a rank of the last stage may lack the
+        return weights["lm_head.weight"]  # embedding)
+    return weights["model.embed_tokens.weight"]
 
 
 def reference_hidden(spec: ModelSpec, weights: Mapping[str, Tensor], token_ids: Tensor,
