@@ -8,7 +8,7 @@ Wiring (see `kv/tiers.py` for the tiers themselves):
   request's first admission: the blocks after its GPU prefix match that the node's
   tiers hold, with the time to load them — offered only when that beats the cost
   model's time to recompute them (`prefill_seconds`);
-- every block move is handed to `on_moves(store_index, moves)` when set: the compute
+- every block move is handed to `on_moves(store_index, moves)` when given: the compute
   data plane copies the tensors (host tier) and writes the files (disk tier).
 
 Hybrid models narrow where a loaded prefix may end: at a block boundary with a
@@ -39,20 +39,25 @@ GIB = 2**30
 class Offload:
     def __init__(self, config, hardware, layout, placement, block_size: int, block_layout,
                  num_ranks: int, events: EventBus, prefill_seconds: Callable[[int, int], float],
-                 block_table: Callable[[object], object]) -> None:
+                 block_table: Callable[[object], object], *,
+                 snapshots_of: Callable[[int], object] | None = None,
+                 window_of: Callable[[int], object] | None = None,
+                 on_moves: Callable[[int, list], None] | None = None,
+                 intact: Callable[[int, int], bool] | None = None,
+                 fetch: Callable[[int, list[int]], list[int]] | None = None) -> None:
         """`block_layout`: how a block sits in GPU memory (`kv/packing.py`);
         `prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
-        `block_table(request)`: its block ids on its rank."""
+        `block_table(request)`: its block ids on its rank. The rest, see below."""
         self.block_size = block_size
         self.block_table = block_table
         # hybrid models: rank -> its state snapshots (a loaded prefix must end at one),
         # rank -> its sliding-window tables (a loaded prefix brings its window along)
-        self.snapshots_of: Callable[[int], object] | None = None
-        self.window_of: Callable[[int], object] | None = None
+        self.snapshots_of = snapshots_of
+        self.window_of = window_of
         # compute plane: (store, key) -> are the bytes of a disk block intact? and
         # (store, keys) -> the disk blocks of a load that fail their check when it starts
-        self.intact: Callable[[int, int], bool] | None = None
-        self.fetch: Callable[[int, list[int]], list[int]] | None = None
+        self.intact = intact
+        self.fetch = fetch
         self._intact: set[tuple[int, int]] = set()  # checked already
         self.events = events
         self.prefill_seconds = prefill_seconds
@@ -68,7 +73,7 @@ class Offload:
                       block_layout.copy_overhead_s)
             for i in range(math.ceil(num_ranks / self.ranks_per_store))
         ]
-        self.on_moves: Callable[[int, list], None] | None = None
+        self.on_moves = on_moves  # compute plane: (store, moves) -> the bytes follow
         self._link_free_s = [0.0] * num_ranks
         self._declined: set[str] = set()
         self._located: dict[str, tuple] = {}  # request -> (store version, first, found)

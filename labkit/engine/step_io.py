@@ -27,12 +27,11 @@ plane already did to its bookkeeping; the data plane makes it true on its bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # (only names: the message itself is plain data)
-    from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 
 
 # ------------------------------------------------------------------ commands
@@ -103,7 +102,7 @@ class RankStep:
 @dataclass(slots=True)
 class StepInput:
     """One step of one instance: its ranks' requests, the commands before it, and the
-    step's `work` (the sums a cost model prices, `sim/work.py`)."""
+    step's `work` (the sums a cost model prices, `step_work.py`)."""
 
     ranks: list[RankStep]
     work: StepWork

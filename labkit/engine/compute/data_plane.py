@@ -45,7 +45,7 @@ from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
-from labkit.engine.sim.work import StepTiming
+from labkit.engine.step_work import StepTiming
 from labkit.engine.step_io import CopyBlocks, Release, RestoreState, SaveState, StepInput, \
     StepOutput
 from labkit.errors import ConfigError, unknown_choice
