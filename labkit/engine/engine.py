@@ -79,6 +79,7 @@ class Engine(Arrivals):
                         if v is not None}
         if backend == "sim" and compute_opts:
             raise ConfigError(f"{', '.join(compute_opts)} only apply to backend='compute'")
+        # what is served, on what, with which knobs; how much KV a rank holds
         self.model = get_model(model)
         self.tokenizer = load_tokenizer(self.model)  # text prompts (an HF folder's)
         self.hardware = get_hardware(hardware)
@@ -103,6 +104,7 @@ class Engine(Arrivals):
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
 
+        # where steps run: the data plane (costed by the cost model, or real tensors)
         self.cost_model = self._cost_model(cost_model)
         self.hisparse = None if not self.config.hisparse_buffer_tokens else HiSparse(
             self.placement, self.hardware, self.block_layout, self.block_size,
@@ -117,7 +119,7 @@ class Engine(Arrivals):
             parts.offload
         if self.data_plane.computes or self.hisparse is not None:  # per-request state
             self.events.subscribe(self._release_on_finish, RequestFinished)
-
+        # the virtual clock and its events
         self.now = 0.0
         self.stop_s = math.inf
         self._timers: list = []
