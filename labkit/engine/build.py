@@ -109,9 +109,9 @@ def build_parts(engine, prefix_sources=(), hold_kv_on_finish: bool = False) -> P
         schedulers.append(Scheduler(config, kv, events, r, sources, hold_kv_on_finish))
     groups = ([list(range(n))] if engine.layout.lockstep else [[r] for r in range(n)])  # 5
     block_bytes = engine.block_size * engine.placement.kv_bytes_per_token_per_gpu()
-    instances = [Instance(i, ranks_, [schedulers[r] for r in ranks_], engine.data_plane,
+    instances = [Instance(i, members, [schedulers[r] for r in members], engine.data_plane,
                           config, events, outbox, block_bytes)
-                 for i, ranks_ in enumerate(groups)]
+                 for i, members in enumerate(groups)]
     instance_of = {r: inst for inst in instances for r in inst.ranks}
     ranks.fill(schedulers, instance_of)
     return Parts(outbox, schedulers, instances, instance_of,
