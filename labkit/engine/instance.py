@@ -205,12 +205,21 @@ class Instance:
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        if cut and started < run.steps:
-            run.truncate(started)
+        keep = started + self._hides(run, started, t)
+        if cut and keep < run.steps:
+            run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
             plan.end, plan.finishes = run.end, run.finishes
             return True
         return False
+
+    def _hides(self, run: DecodeRun, started: int, t: float) -> int:
+        """1 if the run's step after the one in progress at t is planned before a request
+        arriving at t is visible (async scheduling: it sees arrivals up to the start of
+        the step before it), so it is the same decode step and the run keeps it; else 0.
+        (Off the prefill beat a step also notes that requests wait: not for runs then.)"""
+        return int(self.config.async_scheduling and self.config.prefill_schedule_interval == 1
+                   and run.start[started - 1] < t)
 
     def _emit_steps(self, plan: Plan, first: int, stop: int) -> None:
         """StepsCompleted for steps [first, stop) of the plan; advances the counter."""

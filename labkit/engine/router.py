@@ -36,6 +36,12 @@ class Router:
         self._next = 0
         self._home: dict[str, int] = {}
 
+    @property
+    def reads_progress(self) -> bool:
+        """Does routing weigh state that changes as steps play (KV in use, tokens in
+        flight, cached prefixes), not only queue lengths?"""
+        return self.policy in ("least_kv", "least_running_tokens", "prefix_aware")
+
     def load(self, rank: int) -> int:
         s = self.schedulers[rank]
         return 4 * s.num_waiting + s.num_running

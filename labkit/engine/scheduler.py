@@ -196,8 +196,14 @@ class Scheduler:
             return batch
         self._admit_waiting(batch, budget, defer)
         if not defer:
-            self.prefill_capacity_bound = len(self.waiting) > 0
+            self.prefill_capacity_bound = self._waiting_visible()
         return batch
+
+    def _waiting_visible(self) -> bool:
+        """Is a request this step could see still waiting? (vLLM's capacity-bound guard
+        looks at the queue its scheduler saw; under async scheduling a request that arrived
+        after the step was scheduled is not in it, so it must not read as saturation.)"""
+        return any(r.arrival_s <= self.visible_until for r in self.waiting)
 
     def _schedule_running(self, batch: RankBatch, budget: int, defer: bool) -> int:
         """Running requests in order, preempting for KV as needed; returns the budget

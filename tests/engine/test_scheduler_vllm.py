@@ -235,6 +235,22 @@ def test_a_saturated_rank_is_not_throttled():
     assert step(s, throttle=True) == {"r0": 1, "r1": 1}
 
 
+def test_an_arrival_the_step_could_not_see_is_not_saturation():
+    """Async scheduling: a request that arrived after the admitting step was scheduled
+    was not in the queue that step saw, so it did not leave the rank saturated: the
+    next, throttled step defers it behind the decode. (Counting it made every arrival
+    lift the throttle, so prefill_schedule_interval=2 changed nothing at all.)"""
+    s = decoding_scheduler()
+    late = request("r7", 40, arrival=s.now + 0.5)
+    s.add_request(late)
+    s.visible_until = s.now  # this step was scheduled before `late` arrived
+    assert step(s) == {"r0": 1}
+    assert not s.prefill_capacity_bound
+    s.visible_until = s.now
+    assert step(s, throttle=True) == {"r0": 1}  # off the beat: the prefill waits
+    assert step(s) == {"r0": 1, "r7": 40}  # on the beat it is admitted
+
+
 def test_prefix_hits_and_transfers_are_not_prefill_work():
     """A waiting request whose prompt is cached but for its last token computes one
     token: a throttled step admits it."""

@@ -79,11 +79,12 @@ class TraceBlockKeys:
         return int(self.ids[(j + 1) * r - 1])
 
     def keys(self, start: int, stop: int) -> np.ndarray:
-        j = np.arange(start, stop, dtype=np.int64)
         r = self._ratio
-        if self._split:
-            return self.ids[j // r] * r + j % r
-        return self.ids[(j + 1) * r - 1]
+        if self._split:  # key(j) for j in [start, stop), a trace block's r keys at a time
+            lo = start // r
+            keys = (self.ids[lo : -(-stop // r), None] * r + np.arange(r)).ravel()
+            return keys[start - lo * r : stop - lo * r]
+        return self.ids[(np.arange(start, stop, dtype=np.int64) + 1) * r - 1]
 
 
 class TokenBlockKeys:

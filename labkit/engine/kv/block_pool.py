@@ -22,6 +22,8 @@ used has ref count 0, no key and generation 0, which is what an absent entry mea
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
@@ -94,8 +96,8 @@ class BlockPool:
         if not had_key.any():
             return
         evicted = blocks[had_key]
-        for key in keys[had_key].tolist():
-            del self._cached[key]
+        for _ in map(self._cached.__delitem__, keys[had_key].tolist()):  # a C-level loop
+            pass
         self.block_key[evicted] = NO_KEY
         if self.events.wants(BlocksEvicted):
             self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
@@ -135,18 +137,26 @@ class BlockPool:
             raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
                                f"(writing into a registered block needs a copy first)")
         cached = self._cached
-        fresh_blocks, fresh_keys = [], []
-        for block, key in zip(blocks.tolist(), keys.tolist()):
-            if key not in cached:
-                cached[key] = block
-                fresh_blocks.append(block)
-                fresh_keys.append(key)
-        if fresh_blocks:
-            fresh = np.array(fresh_blocks, dtype=np.int32)
+        key_list = keys.tolist()
+        if len(set(key_list)) == len(key_list) and cached.keys().isdisjoint(key_list):
+            # the usual case, all new and distinct: one C-level update, not a loop
+            cached.update(zip(key_list, blocks.tolist()))
+            fresh_blocks, fresh_keys = blocks, keys
+        else:  # the first block to claim a key keeps it
+            fresh_blocks, fresh_keys = [], []
+            for block, key in zip(blocks.tolist(), key_list):
+                if key not in cached:
+                    cached[key] = block
+                    fresh_blocks.append(block)
+                    fresh_keys.append(key)
+        if len(fresh_blocks):
+            fresh = fresh_blocks if fresh_blocks is blocks else \
+                np.array(fresh_blocks, dtype=np.int32)
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
             if self.events.wants(BlocksCached):
-                self.events.emit(BlocksCached(self.now, self.rank, request_id, fresh,
+                self.events.emit(BlocksCached(self.now, self.rank, request_id,
+                                              np.array(fresh, dtype=np.int32),
                                               np.array(fresh_keys, dtype=np.int64)))
 
     def written(self, blocks: np.ndarray) -> None:
@@ -156,6 +166,11 @@ class BlockPool:
     def cached_block(self, key: int) -> int:
         """The physical block holding `key`, or -1."""
         return self._cached.get(key, -1)
+
+    def cached_blocks(self, keys: np.ndarray) -> np.ndarray:
+        """The physical block holding each key, or -1 (one C-level pass over the keys)."""
+        return np.fromiter(map(self._cached.get, keys.tolist(), repeat(-1)), dtype=np.int32,
+                           count=len(keys))
 
     def unchanged(self, blocks, generations):
         """Elementwise: is block[i] still the one handed out at generations[i]? False

@@ -117,16 +117,9 @@ class KVManager:
         if limit <= 0:
             return NO_MATCH
         found = self._search_hint(req, limit)
+        if len(found) < limit:
+            found = self._walk(req.keys, found, limit, computed_only)
         m = len(found)
-        extra = []
-        while m < limit:
-            block = self.pool.cached_block(req.keys.key(m))
-            if block < 0 or (computed_only and self.pool.pending[block]):
-                break
-            extra.append(block)
-            m += 1
-        if extra:
-            found = np.concatenate([found, np.array(extra, dtype=np.int32)])
         if self.snapshots is not None:
             return self._with_state(req, found, m)
         if self.window is not None:  # no forked tail either: its window was never cached
@@ -160,6 +153,25 @@ class KVManager:
             return 0  # reused since the parent freed it
         shared = min(req.forked_tokens, hint.num_tokens, req.num_tokens - 1)
         return max(0, shared - num_full * self.block_size)
+
+    def _walk(self, keys, found: np.ndarray, limit: int, computed_only: bool) -> np.ndarray:
+        """`found` extended by the cached blocks of the keys after it, up to the first
+        key not cached (or, `computed_only`, still pending). Keys are probed in chunks
+        growing fourfold, so a long walk costs a few vectorised probes, a short one
+        little more than the blocks it finds."""
+        parts, m, chunk = [found], len(found), 16
+        while m < limit:
+            stop = min(limit, m + chunk)
+            blocks = self.pool.cached_blocks(keys.keys(m, stop))
+            missing = blocks < 0
+            if computed_only:
+                missing |= self.pool.pending[blocks]  # a -1 is missing already
+            if missing.any():
+                parts.append(blocks[: int(np.argmax(missing))])
+                break
+            parts.append(blocks)
+            m, chunk = stop, 4 * chunk
+        return np.concatenate(parts) if len(parts) > 1 else found
 
     def _search_hint(self, req, limit: int) -> np.ndarray:
         hint = req.prefix_hint

@@ -38,16 +38,22 @@ stalls or PP's bubbles come out of these sums.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
-from labkit.engine.sim.memo import ExactMemo, no_memo
+from labkit.engine.sim.memo import ExactMemo, broadcast_rows, first_rows, no_memo, uniform_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
 
 STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and writes
+
+# the counts of a StepWork that graph dispatch reads
+_Counts = namedtuple("_Counts", "prefill_tokens decode_tokens num_prefill_reqs "
+                                "num_decode_reqs idle")
 
 
 class LayerStepModel:
@@ -111,9 +117,8 @@ class LayerStepModel:
         stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0, padded)
         t_dec = np.where(work.idle & lockstep, 1, work.decode_tokens)
         rows = work.num_prefill_reqs + t_dec
-        extra = self.memo("lm_head", (rows,), lambda: self._lm_head(rows)) + \
-            self.memo("drafts", (work.num_decode_reqs,),
-                      lambda: self._drafts(work.num_decode_reqs))
+        extra = self._piece("lm_head", self._lm_head, rows) + \
+            self._piece("drafts", self._drafts, work.num_decode_reqs)
         if pp == 1:
             compute, comm = stage_compute + extra, stage_comm
         else:
@@ -147,10 +152,21 @@ class LayerStepModel:
     def _graphs(self, work: StepWork, lockstep: bool):
         if self.overheads is None:
             return None, None
-        return self.memo("graphs", (lockstep, work.prefill_tokens, work.decode_tokens,
-                                    work.num_prefill_reqs, work.num_decode_reqs, work.idle),
-                         lambda: self.overheads.graphs(work, lockstep, self.layout.pcp,
-                                                       self.width))
+        return self._piece("graphs", self._graphs_of, lockstep, work.prefill_tokens,
+                           work.decode_tokens, work.num_prefill_reqs, work.num_decode_reqs,
+                           work.idle)
+
+    def _graphs_of(self, lockstep: bool, *counts):
+        return self.overheads.graphs(_Counts(*counts), lockstep, self.layout.pcp, self.width)
+
+    def _piece(self, name: str, fn, *args):
+        """fn(*args), a pure piece of the step, through the memo; for a run's steps
+        that all see the same counts, computed for one step and broadcast."""
+        k = uniform_rows(args) if self.memo is not no_memo else 0
+        if k:
+            one = first_rows(args)
+            return broadcast_rows(self.memo(name, one, lambda: fn(*one)), k)
+        return self.memo(name, args, lambda: fn(*args))
 
     def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
@@ -173,7 +189,7 @@ class LayerStepModel:
         else:
             group = replica.sum(axis=1, keepdims=True) if lockstep else replica
         attn, attn_comm = self._attention_layer(work, tokens, t_dec)
-        mlp, mlp_comm = self.memo("mlp", (tokens, group), lambda: self._mlp_layer(tokens, group))
+        mlp, mlp_comm = self._piece("mlp", self._mlp_layer, tokens, group)
         linear = self._linear_layer(work, tokens)
         compute = (self.full_layers * attn + self.moe_layers * mlp[1]
                    + self.dense_layers * mlp[0] + self.linear_layers * linear)
@@ -189,8 +205,7 @@ class LayerStepModel:
     def _attention_layer(self, work: StepWork, tokens, t_dec, window: int = 0):
         """One attention layer; `window` > 0: a sliding-window layer, whose queries
         read at most `window` positions each."""
-        proj = self.memo("attention_proj", (tokens, t_dec),
-                         lambda: self._attention_proj(tokens, t_dec))
+        proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
         core = self._decode_core(work, window) + self._prefill_core(work, window)
         comm = 0.0
         # DCP runs attention over token shards (gather queries, merge partial outputs)
