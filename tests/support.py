@@ -33,7 +33,7 @@ class FixedStepCost:
     def step_timing(self, work, lockstep):
         import numpy as np
 
-        from labkit.engine.sim.work import StepTiming
+        from labkit.engine.step_work import StepTiming
 
         steps, ranks = work.idle.shape
         busy = np.full((steps, ranks), self.min_step_s)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.sim.work import StepWork
+from labkit.engine.step_work import StepWork
 
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:

@@ -72,10 +72,14 @@ class PDEngine(Arrivals):
                       num_decode)
         p_knobs = {**knobs, **(prefill_knobs or {})}
         d_knobs = {**knobs, **(decode_knobs or {})}
+        # a prefill group holds a finished call's KV until it is sent; a decode group
+        # asks for the prompt KV a prefill group holds before its own prefix sources
         self.prefill = [Engine(model, prefill_layout, hardware, backend, cost_model,
+                               hold_kv_on_finish=True,
                                **{**p_knobs, "router": p_knobs.get("router", "prefix_aware")})
                         for _ in range(num_prefill)]
         self.decode = [Engine(model, decode_layout, hardware, backend, cost_model,
+                              prefix_sources=[lambda _engine: self._offer_handoff],
                               **{**d_knobs, "router": d_knobs.get("router", "session_sticky")})
                        for _ in range(num_decode)]
         check_pd_pair(self.prefill[0], self.decode[0])
@@ -88,12 +92,8 @@ class PDEngine(Arrivals):
         self.events = EventBus()  # P/D-level events; each group has its own bus too
         self.step_recorder = _Steps(self)
         for e in self.prefill:
-            for s in e.schedulers:
-                s.hold_kv_on_finish = True
             e.finish_callbacks.append(self._prefilled)
         for e in self.decode:
-            for s in e.schedulers:
-                s.prefix_sources = [self._offer_handoff, *s.prefix_sources]
             e.finish_callbacks.append(self._decoded)
         self.now = 0.0
         self.stop_s = math.inf

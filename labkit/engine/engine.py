@@ -29,25 +29,21 @@ import math
 from collections.abc import Callable
 
 from labkit.engine.arrivals import Arrivals
+from labkit.engine.build import build_parts
 from labkit.engine.capacity import kv_capacity
 from labkit.engine.events import EventBus, RequestArrived, RequestFinished
-from labkit.engine.hybrid_kv import attach_hybrid_kv, hybrid_summary
+from labkit.engine.hybrid_kv import hybrid_summary
 from labkit.engine.instance import Instance
-from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.kv.packing import block_layout
 from labkit.engine.kv.sliding_window import check_sliding_window
 from labkit.engine.metrics import StepRecorder
-from labkit.engine.offload import Offload
 from labkit.engine.request import Request
-from labkit.engine.router import Router
-from labkit.engine.scheduler import RankBatch, Scheduler
+from labkit.engine.scheduler import RankBatch
 from labkit.engine.sim.data_plane import SimDataPlane
 from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hisparse, \
     hisparse_blocks
 from labkit.engine.sim.roofline import RooflineCostModel
-from labkit.engine.sim.work import StepWork
-from labkit.engine.step_message import Outbox
-from labkit.engine.transfer import RemoteFetch
+from labkit.engine.step_work import StepWork
 from labkit.errors import ConfigError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 from labkit.tokenizer import load_tokenizer
@@ -64,11 +60,17 @@ class Engine(Arrivals):
     def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
                  backend: str = "sim", cost_model=None, *, device: str | None = None,
                  dtype: str | None = None, clock: str | None = None, checkpoint=None,
-                 executor: str | None = None, **knobs) -> None:
+                 executor: str | None = None, prefix_sources=(),
+                 hold_kv_on_finish: bool = False, **knobs) -> None:
         """`backend="sim"` costs steps with `cost_model`; `backend="compute"` runs them
         on real tensors (`device` cpu|cuda, `dtype`, `clock` measured|predicted, an
         optional safetensors `checkpoint`, `executor` threads|mp: ranks as threads or
-        as processes; see `labkit.engine.compute`)."""
+        as processes; see `labkit.engine.compute`).
+
+        For engines that play a part in a larger deployment (P/D, `disagg.py`):
+        `prefix_sources`, makers `make(engine) -> offer(req, cached, now)` of prefix
+        sources its schedulers ask before their own (`transfer.py`), and
+        `hold_kv_on_finish`, keep a finished request's KV until `release`."""
         if backend not in BACKENDS:
             raise unknown_choice("backend", backend, BACKENDS)
         super().__init__()  # the arrivals heap (`arrivals.py`)
@@ -77,6 +79,7 @@ class Engine(Arrivals):
                         if v is not None}
         if backend == "sim" and compute_opts:
             raise ConfigError(f"{', '.join(compute_opts)} only apply to backend='compute'")
+        # what is served, on what, with which knobs; how much KV a rank holds
         self.model = get_model(model)
         self.tokenizer = load_tokenizer(self.model)  # text prompts (an HF folder's)
         self.hardware = get_hardware(hardware)
@@ -101,41 +104,22 @@ class Engine(Arrivals):
         self.events = EventBus()
         self.step_recorder = StepRecorder(self.events)
 
+        # where steps run: the data plane (costed by the cost model, or real tensors)
         self.cost_model = self._cost_model(cost_model)
-        if backend == "compute":
-            self.data_plane = self._compute_plane(compute_opts)
-        else:
-            self.data_plane = SimDataPlane(self.cost_model)
-        self.hisparse = None
-        if self.config.hisparse_buffer_tokens:
-            self.hisparse = HiSparse(self.placement, self.hardware, self.block_layout,
-                                     self.block_size, self.config.hisparse_buffer_tokens,
-                                     self.config.seed)
-            self.data_plane = HiSparseDataPlane(self.data_plane, self.hisparse)
-            self.events.subscribe(lambda e: self.hisparse.release(e.request.request_id),
-                                  RequestFinished)
-        self.outbox = Outbox(self.data_plane)  # commands for the plane, sent with a step
-        self.schedulers = [
-            Scheduler(self.config, KVManager(self.num_blocks, self.block_size,
-                                             self.config.enable_prefix_caching, self.events, r),
-                      self.events, r)
-            for r in range(self.layout.num_dp_ranks)
-        ]
-        groups = ([list(range(self.layout.num_dp_ranks))] if self.layout.lockstep
-                  else [[r] for r in range(self.layout.num_dp_ranks)])
-        block_bytes = self.block_size * self.placement.kv_bytes_per_token_per_gpu()
-        self.instances = [
-            Instance(i, ranks, [self.schedulers[r] for r in ranks], self.data_plane,
-                     self.config, self.events, self.outbox, block_bytes)
-            for i, ranks in enumerate(groups)
-        ]
-        self._instance_of = {r: inst for inst in self.instances for r in inst.ranks}
-        self.router = Router(self.config.router, self.schedulers, self.events)
-        self.offload = self._prefix_sources()
-        attach_hybrid_kv(self)
-        if self.data_plane.computes:
+        self.hisparse = None if not self.config.hisparse_buffer_tokens else HiSparse(
+            self.placement, self.hardware, self.block_layout, self.block_size,
+            self.config.hisparse_buffer_tokens, self.config.seed)
+        self.data_plane = self._data_plane(compute_opts)
+        # the ranks, their KV managers and schedulers, the prefix sources, the instances
+        # and the router: made in order, each given what it uses (`build.py`)
+        parts = build_parts(self, prefix_sources, hold_kv_on_finish)
+        self.outbox = parts.outbox  # commands for the data plane, sent with a step
+        self.schedulers, self.instances = parts.schedulers, parts.instances
+        self._instance_of, self.router, self.offload = parts.instance_of, parts.router, \
+            parts.offload
+        if self.data_plane.computes or self.hisparse is not None:  # per-request state
             self.events.subscribe(self._release_on_finish, RequestFinished)
-
+        # the virtual clock and its events
         self.now = 0.0
         self.stop_s = math.inf
         self._timers: list = []
@@ -145,8 +129,9 @@ class Engine(Arrivals):
 
     # -------------------------------------------------------------- set-up
     def _release_on_finish(self, event) -> None:
-        """Compute plane: a finished request's per-request state goes (unless its KV is
-        held to be sent on, as a P/D prefill's is: `disagg.py` releases it then)."""
+        """A finished request's per-request state in the data plane (the compute plane's
+        tensors, HiSparse's buffers) goes, unless its KV is held to be sent on, as a P/D
+        prefill's is: `disagg.py` releases it then."""
         req = event.request
         if not self.schedulers[req.rank].hold_kv_on_finish:
             self.outbox.release(req.request_id)
@@ -201,34 +186,13 @@ class Engine(Arrivals):
         out.update(hybrid_summary(self.schedulers))
         return out
 
-    def _prefix_sources(self) -> Offload | None:
-        """Where else a prefix may come from (`transfer.py`): another DP rank's cache
-        (session_kv_migration="fetch") and the node's offload tiers (cpu_kv_gib)."""
-        compute = self.data_plane.computes
-        sources, offload = [], None
-        # the compute plane copies full-attention blocks only: window and linear-state
-        # models recompute instead
-        partial = compute and (self.model.sliding_window_layers or self.model.linear_layers)
-        if self.config.session_kv_migration == "fetch" and not partial:
-            sources.append(RemoteFetch(self.schedulers, self.placement, self.hardware,
-                                       self.layout, self.events,
-                                       self.outbox.copy_blocks if compute else None,
-                                       lambda rank, t: self._instance_of[rank].sync(t, False)))
-        if self.config.cpu_kv_gib:
-            offload = Offload(self.config, self.hardware, self.layout, self.placement,
-                              self.block_size, self.block_layout, self.layout.num_dp_ranks,
-                              self.events, self._prefill_seconds,
-                              lambda r: self.schedulers[r.rank].kv.table(r.request_id))
-            sources.append(offload.offer)
-            for s in self.schedulers:
-                s.kv.on_cached = offload.cached
-            if self.model.linear_layers:
-                offload.snapshots_of = lambda rank: self.schedulers[rank].kv.snapshots
-            if compute:  # tier moves go to the plane as step commands
-                offload.outbox = self.outbox
-        for s in self.schedulers:
-            s.prefix_sources = sources
-        return offload
+    def _data_plane(self, compute_opts: dict):
+        """Where steps run: the simulated cluster (with HiSparse's copies added, if on)
+        or real tensors."""
+        if self.backend == "compute":
+            return self._compute_plane(compute_opts)
+        plane = SimDataPlane(self.cost_model)
+        return plane if self.hisparse is None else HiSparseDataPlane(plane, self.hisparse)
 
     def _compute_plane(self, opts: dict):
         """The compute data plane, with its KV blocks capped to what fits in
@@ -296,7 +260,7 @@ class Engine(Arrivals):
                 f"raise num_gpu_blocks_override / gpu_memory_utilization or use more GPUs"
             )
 
-    def _prefill_seconds(self, new_tokens: int, context: int) -> float:
+    def prefill_seconds(self, new_tokens: int, context: int) -> float:
         """The cost model's time for one rank to prefill `new_tokens` after `context`
         cached ones (what recomputing a prefix would cost)."""
         batch = RankBatch(0, [None], [new_tokens], [context], [False])

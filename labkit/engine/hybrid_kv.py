@@ -9,8 +9,9 @@ A hybrid model keeps more than the full-attention KV every model has (see
   saved, in pool pages of the KV block size (`kv/state_snapshots.py`); on the compute
   plane the snapshots are real copies of the state tensors.
 
-`attach_hybrid_kv` gives each DP rank's KV manager what its model needs;
-`hybrid_summary` adds their counters to a run's summary.
+`window_tables` and `state_snapshots` make what a DP rank's KV manager needs for its
+model (the engine's builder, `build.py`, passes them to it); `hybrid_summary` adds
+their counters to a run's summary.
 """
 
 from __future__ import annotations
@@ -18,31 +19,38 @@ from __future__ import annotations
 import math
 
 from labkit.engine.kv.sliding_window import SlidingWindow
-from labkit.engine.kv.state_snapshots import StateSnapshots
+from labkit.engine.kv.state_snapshots import StateSnapshots, snapshot_held
 from labkit.engine.step_io import RestoreState, SaveState
 
 SNAPSHOT_STATS = ("saved_at_call_end", "saved_on_second_sight", "skipped_no_space", "hits",
                   "tokens_recomputed")
 
 
-def attach_hybrid_kv(engine) -> None:
+def window_tables(engine, pool, rank: int, on_cached=None) -> SlidingWindow | None:
+    """A rank's sliding-window tables, over its pool (None for a model without such
+    layers); `on_cached`: the offload tiers' write-through, window pages too."""
+    m = engine.model
+    if not m.sliding_window_layers:
+        return None
+    return SlidingWindow(pool, engine.block_size, m.sliding_window,
+                         engine.placement.window_pages_per_block(), engine.events, rank,
+                         on_cached)
+
+
+def state_snapshots(engine, pool, rank: int, outbox) -> StateSnapshots | None:
+    """A rank's linear-state snapshots, in its pool (None without linear layers or
+    without prefix caching). On a plane that computes, the states are real tensors:
+    each save and restore becomes a command for it (`SnapshotCommands`)."""
     m, placement, bs = engine.model, engine.placement, engine.block_size
-    for s in engine.schedulers:
-        if m.sliding_window_layers:
-            s.kv.window = SlidingWindow(s.kv.pool, bs, m.sliding_window,
-                                        placement.window_pages_per_block(), engine.events,
-                                        s.rank)
-            if engine.offload is not None:  # window pages are written through too
-                s.kv.window.on_cached = engine.offload.cached
-                engine.offload.window_of = lambda rank: engine.schedulers[rank].kv.window
-        if m.linear_layers and engine.config.enable_prefix_caching:
-            pages = math.ceil(placement.state_bytes_per_gpu()
-                              / (bs * placement.kv_bytes_per_token_per_gpu()))
-            s.kv.snapshots = snaps = StateSnapshots(
-                s.kv.pool, pages, engine.config.linear_state_retention)
-            if engine.data_plane.computes:  # the states are real tensors: copy them
-                commands = SnapshotCommands(engine.outbox, s.rank, snaps)
-                snaps.on_saved, snaps.on_restored = commands.saved, commands.restored
+    if not (m.linear_layers and engine.config.enable_prefix_caching):
+        return None
+    pages = max(1, math.ceil(placement.state_bytes_per_gpu()
+                             / (bs * placement.kv_bytes_per_token_per_gpu())))
+    hooks = {}
+    if engine.data_plane.computes:
+        commands = SnapshotCommands(outbox, rank, pool, pages)
+        hooks = dict(on_saved=commands.saved, on_restored=commands.restored)
+    return StateSnapshots(pool, pages, engine.config.linear_state_retention, **hooks)
 
 
 class SnapshotCommands:
@@ -50,12 +58,13 @@ class SnapshotCommands:
     states (`step_io.SaveState` / `RestoreState`). A save also names the snapshots the
     plane was told of that the pool has evicted since, so the plane can drop them."""
 
-    def __init__(self, outbox, rank: int, snapshots: StateSnapshots) -> None:
-        self.outbox, self.rank, self.snapshots = outbox, rank, snapshots
+    def __init__(self, outbox, rank: int, pool, pages_per_snapshot: int) -> None:
+        self.outbox, self.rank = outbox, rank
+        self.pool, self.pages = pool, pages_per_snapshot  # where the snapshots live
         self.sent: set[int] = set()
 
     def saved(self, key: int, request_id: str, position: int) -> None:
-        dropped = sorted(k for k in self.sent if not self.snapshots.has(k))
+        dropped = sorted(k for k in self.sent if not snapshot_held(self.pool, k, self.pages))
         self.sent.difference_update(dropped)
         self.sent.add(key)
         self.outbox.send(SaveState(self.rank, key, request_id, position, dropped))

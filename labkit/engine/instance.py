@@ -32,7 +32,7 @@ import numpy as np
 
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
 from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepStarted
-from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 from labkit.engine.step_message import Outbox, step_input
 
 MAX_RUN_STEPS = 512

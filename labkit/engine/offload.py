@@ -48,18 +48,21 @@ GIB = 2**30
 class Offload:
     def __init__(self, config, hardware, layout, placement, block_size: int, block_layout,
                  num_ranks: int, events: EventBus, prefill_seconds: Callable[[int, int], float],
-                 block_table: Callable[[object], object]) -> None:
+                 block_table: Callable[[object], object], *,
+                 snapshots_of: Callable[[int], object] | None = None,
+                 window_of: Callable[[int], object] | None = None,
+                 outbox=None) -> None:
         """`block_layout`: how a block sits in GPU memory (`kv/packing.py`);
         `prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
-        `block_table(request)`: its block ids on its rank."""
+        `block_table(request)`: its block ids on its rank. The rest, see below."""
         self.block_size = block_size
         self.block_table = block_table
         # hybrid models: rank -> its state snapshots (a loaded prefix must end at one),
         # rank -> its sliding-window tables (a loaded prefix brings its window along)
-        self.snapshots_of: Callable[[int], object] | None = None
-        self.window_of: Callable[[int], object] | None = None
+        self.snapshots_of = snapshots_of
+        self.window_of = window_of
         # a plane that computes: where the moves go as commands (and its reports return)
-        self.outbox = None
+        self.outbox = outbox
         self.strict = config.kv_offload_strict
         self._files: dict[tuple[int, int], tuple[str, bytes]] = {}  # disk: (path, digest)
         self._intact: set[tuple[int, int]] = set()  # checked already

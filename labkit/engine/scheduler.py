@@ -117,7 +117,10 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVManager, events: EventBus,
-                 rank: int = 0) -> None:
+                 rank: int = 0, prefix_sources=(), hold_kv_on_finish: bool = False) -> None:
+        """`prefix_sources`: where else a prefix may come from (`transfer.py`), each
+        `offer(req, cached, now)`; `hold_kv_on_finish`: keep a finished request's blocks
+        (a P/D prefill's KV waits to be sent, `disagg.py`)."""
         self.config = config
         self.kv = kv
         self.events = events
@@ -125,10 +128,8 @@ class Scheduler:
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.now = 0.0
-        # Set by the engine: (tokens another rank holds of req's prefix, seconds to
-        # fetch them here) — a session moved off the rank that has its KV.
-        self.prefix_sources: list = []  # where else a prefix may come from (transfer.py)
-        self.hold_kv_on_finish = False  # keep a finished request's blocks (P/D prefill)
+        self.prefix_sources = tuple(prefix_sources)
+        self.hold_kv_on_finish = hold_kv_on_finish
         # the last step that admitted prefills left some waiting: don't throttle
         self.prefill_capacity_bound = False
         # async scheduling: requests that arrived after this time are not yet visible

@@ -33,12 +33,11 @@ hand-over's bytes (`KVExported`), which the control plane passes on unopened.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # (only names: the message itself is plain data)
-    from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 
 
 # ------------------------------------------------------------------ commands
@@ -177,7 +176,7 @@ class RankStep:
 @dataclass(slots=True)
 class StepInput:
     """One step of one instance: its ranks' requests, the commands before it, and the
-    step's `work` (the sums a cost model prices, `sim/work.py`)."""
+    step's `work` (the sums a cost model prices, `step_work.py`)."""
 
     ranks: list[RankStep]
     work: StepWork

@@ -41,23 +41,21 @@ class RemoteFetch:
     LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
     LINK_EFFICIENCY = 0.8
 
-    def __init__(self, schedulers, placement, hardware, layout, events, on_copy=None,
-                 catch_up=None) -> None:
-        self.schedulers, self.placement, self.hardware = schedulers, placement, hardware
+    def __init__(self, ranks, placement, hardware, layout, events, on_copy=None) -> None:
+        """`ranks`: the engine's DP ranks (`build.Ranks`: their KV managers, and
+        `catch_up(rank, now)`, which plays a rank's fast-forwarded run up to now so the
+        lookup sees the blocks its steps ended before now have registered)."""
+        self.ranks, self.placement, self.hardware = ranks, placement, hardware
         self.replicas_per_node = max(1, hardware.gpus_per_node // layout.gpus_per_replica)
         self.events = events
         self.on_copy = on_copy  # (src rank, dst rank, src blocks, dst blocks): the bytes
-        # (rank, now): play the source rank's fast-forwarded run up to now, so the
-        # lookup sees the blocks its steps ended before now have registered
-        self.catch_up = catch_up
 
     def __call__(self, req, cached: int, now: float) -> PrefixTransfer | None:
         hint = req.prefix_hint
         if hint is None or hint.rank == req.rank:
             return None
-        if self.catch_up is not None:
-            self.catch_up(hint.rank, now)
-        match = self.schedulers[hint.rank].kv.lookup(req, computed_only=True)
+        self.ranks.catch_up(hint.rank, now)
+        match = self.ranks.kv(hint.rank).lookup(req, computed_only=True)
         if match.num_tokens <= cached:
             return None
         nbytes = match.num_tokens * self.placement.kv_bytes_per_token_per_gpu()
@@ -69,7 +67,7 @@ class RemoteFetch:
         def admit(r, now: float) -> float:
             r.num_fetched_tokens = match.num_tokens - cached
             if self.on_copy is not None:
-                dst = self.schedulers[r.rank].kv.table(r.request_id)[:len(match.blocks)]
+                dst = self.ranks.kv(r.rank).table(r.request_id)[:len(match.blocks)]
                 self.on_copy(hint.rank, r.rank, match.blocks, dst)
             if self.events.wants(KVFetched):
                 self.events.emit(KVFetched(now, r.rank, r.request_id, hint.rank,

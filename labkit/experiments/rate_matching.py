@@ -41,23 +41,24 @@ def role_engine(role: str, model, layout: str, hardware="h200", **knobs) -> Engi
     """An engine that plays one role alone (see the module docstring)."""
     if role not in ROLES:
         raise ConfigError(f"role {role!r}: expected one of {', '.join(ROLES)}")
-    engine = Engine(model, layout, hardware, **knobs)
     if role == "prefill":
-        submit = engine.submit
+        return _FirstTokenOnly(model, layout, hardware, **knobs)
+    # decode: every prompt arrives computed, as a prefill pool would send it
+    return Engine(model, layout, hardware, prefix_sources=[_prompt_from_prefill], **knobs)
 
-        def first_token_only(req, at=None):
-            req.max_output_tokens, req.max_tokens = 1, 0
-            submit(req, at)
-        engine.submit = first_token_only
-    else:
-        for s in engine.schedulers:
-            s.prefix_sources = [_prompt_from_prefill(engine), *s.prefix_sources]
-    return engine
+
+class _FirstTokenOnly(Engine):
+    """The prefill role: every call is cut to its first token."""
+
+    def submit(self, req, at=None) -> None:
+        req.max_output_tokens, req.max_tokens = 1, 0
+        super().submit(req, at)
 
 
 def _prompt_from_prefill(engine: Engine):
-    """Prefix source: the prompt (all but its last token, which the first decode step
-    computes) arrives as a prefill pool of the same layout would send it."""
+    """A prefix source for `engine` (its maker: `Engine(prefix_sources=...)`): the prompt
+    (all but its last token, which the first decode step computes) arrives as a prefill
+    pool of the same layout would send it."""
     def offer(req, cached: int, now: float) -> PrefixTransfer | None:
         tokens = req.num_prompt_tokens - 1
         if req.num_output_tokens or tokens <= cached:

@@ -79,7 +79,7 @@ def test_the_choice_between_load_and_recompute_follows_the_costs():
 
     fast_engine, fast_events, _ = evicted_then_reused()
     loaded = next(e for e in fast_events if isinstance(e, KVLoaded))
-    assert loaded.seconds < fast_engine._prefill_seconds(loaded.num_tokens, 0)
+    assert loaded.seconds < fast_engine.prefill_seconds(loaded.num_tokens, 0)
 
 
 def test_a_load_overlaps_other_work_and_the_gpu_waits_only_when_idle():

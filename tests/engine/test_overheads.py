@@ -11,7 +11,7 @@ from labkit.costmodel import CostModel
 from labkit.engine.request import Request
 from labkit.engine.sim.overheads import (FITTED, FULL, NONE, PIECEWISE, StepOverheads,
                                          capture_sizes)
-from labkit.engine.sim.work import StepWork
+from labkit.engine.step_work import StepWork
 from labkit.errors import ConfigError
 from labkit.specs import EngineConfig
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from labkit.engine.sim.roofline import RooflineCostModel, _distinct_expert_table
-from labkit.engine.sim.work import StepWork
+from labkit.engine.step_work import StepWork
 from labkit.specs import Layout, get_hardware, get_model
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from labkit import Engine
 from labkit.engine.events import BlocksAllocated, WindowSlid
-from labkit.engine.kv import KVManager, TraceBlockKeys
+from labkit.engine.kv import BlockPool, KVManager, TraceBlockKeys
 from labkit.engine.kv.sliding_window import SlidingWindow
 from labkit.engine.request import Request
 from labkit.errors import ConfigError
@@ -19,9 +19,9 @@ BS = 4
 
 
 def manager(window=6, pages=1, blocks=128):
-    kv = KVManager(blocks, BS)
-    kv.window = SlidingWindow(kv.pool, BS, window, pages, kv.events)
-    return kv
+    pool = BlockPool(blocks)
+    window = SlidingWindow(pool, BS, window, pages, pool.events)
+    return KVManager(blocks, BS, pool=pool, window=window)
 
 
 def request(rid, ids, prompt_tokens, output=8):
@@ -269,7 +269,7 @@ def test_window_layers_cost_like_full_ones_within_the_window_and_flat_beyond(cos
 
 
 def test_a_long_prefill_chunk_is_priced_by_its_window():
-    from labkit.engine.sim.work import StepWork
+    from labkit.engine.step_work import StepWork
 
     def prefill_s(engine, new):
         one = np.array([[new]])

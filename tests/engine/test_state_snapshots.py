@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from labkit import Engine
-from labkit.engine.kv import KVManager, TraceBlockKeys
+from labkit.engine.kv import BlockPool, KVManager, TraceBlockKeys
 from labkit.engine.kv.state_snapshots import StateSnapshots
 from labkit.engine.request import Request
 from tests.support import small_agentx
@@ -13,9 +13,8 @@ BS = 4
 
 
 def manager(retention="both", pages=2, blocks=64):
-    kv = KVManager(blocks, BS)
-    kv.snapshots = StateSnapshots(kv.pool, pages, retention)
-    return kv
+    pool = BlockPool(blocks)
+    return KVManager(blocks, BS, pool=pool, snapshots=StateSnapshots(pool, pages, retention))
 
 
 def request(rid, ids, prompt_tokens, output=4):

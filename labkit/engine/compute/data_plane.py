@@ -48,9 +48,9 @@ from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
-from labkit.engine.sim.work import StepTiming
 from labkit.engine.step_io import CopyBlocks, ExportKV, ImportKV, KVExported, Release, \
     RestoreState, SaveState, StepInput, StepOutput, TierMoves
+from labkit.engine.step_work import StepTiming
 from labkit.errors import ConfigError, unknown_choice
 
 CLOCKS = ("measured", "predicted")

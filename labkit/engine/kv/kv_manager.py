@@ -42,20 +42,25 @@ from labkit.engine.kv.block_table import EMPTY, NO_MATCH, BlockTable, PrefixHint
 
 class KVManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 events: EventBus | None = None, rank: int = 0) -> None:
+                 events: EventBus | None = None, rank: int = 0, *,
+                 pool: BlockPool | None = None, window=None, snapshots=None,
+                 on_cached=None) -> None:
+        """`pool`: the rank's block pool, when its sliding-window tables and state
+        snapshots share it (made before them, `engine/build.py`; its events bus is then
+        the default); made here otherwise."""
         self.block_size = block_size
-        self.events = events or EventBus()
+        self.events = events or (pool.events if pool is not None else EventBus())
         self.rank = rank
-        self.pool = BlockPool(num_blocks, enable_caching, self.events, rank)
+        self.pool = pool or BlockPool(num_blocks, enable_caching, self.events, rank)
         self.tables: dict[str, BlockTable] = {}
         # (rank, blocks, keys, now) on every block registered in the prefix cache: the
         # write-through into the node's offload tiers (engine/offload.py), if any
-        self.on_cached = None
+        self.on_cached = on_cached
         # hybrid models: linear-attention state snapshots (state_snapshots.py), if any
-        self.snapshots = None
+        self.snapshots = snapshots
         self._checkpoints: dict[str, int] = {}  # request -> block boundary to snapshot
         # sliding-window layers: their own tables (sliding_window.py), if any
-        self.window = None
+        self.window = window
         # internal fragmentation, over finished calls: token slots their tables held
         # at the end vs tokens with KV in them
         self.slots_allocated = 0

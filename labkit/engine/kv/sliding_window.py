@@ -92,7 +92,7 @@ class SlidingWindow:
     """The SWA group of one rank's KV manager (see the module docstring)."""
 
     def __init__(self, pool: BlockPool, block_size: int, window: int, pages_per_block: int,
-                 events: EventBus | None = None, rank: int = 0) -> None:
+                 events: EventBus | None = None, rank: int = 0, on_cached=None) -> None:
         if window < 1 or pages_per_block < 1:
             raise ValueError(f"sliding window {window} / pages per block {pages_per_block} "
                              "must be >= 1")
@@ -108,7 +108,7 @@ class SlidingWindow:
         self.pages_slid = 0  # pages freed early, as they left a window
         # (rank, pages, keys, now) on every page registered: the write-through into the
         # node's offload tiers (engine/offload.py), if any
-        self.on_cached = None
+        self.on_cached = on_cached
 
     def first_needed(self, computed: int) -> int:
         """First logical block a step starting at token `computed` still reads."""

@@ -44,24 +44,35 @@ class SnapshotStats:
     tokens_recomputed: int = 0  # cached KV tokens a lookup gave up for lack of a state
 
 
+def snapshot_keys(boundary_key: int, pages: int) -> np.ndarray:
+    """The pool keys of the snapshot taken after the block named boundary_key."""
+    return derived_keys(SNAPSHOT_NAMESPACE, boundary_key, pages)
+
+
+def snapshot_held(pool, boundary_key: int, pages: int) -> bool:
+    """Is that snapshot still in the pool (all its pages cached)? Also asked by whoever
+    tracks the snapshots a data plane was told of (`hybrid_kv.SnapshotCommands`)."""
+    return all(pool.cached_block(int(k)) >= 0 for k in snapshot_keys(boundary_key, pages))
+
+
 class StateSnapshots:
-    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both") -> None:
+    def __init__(self, pool, pages_per_snapshot: int, retention: str = "both",
+                 on_saved=None, on_restored=None) -> None:
         self.pool = pool
         # (boundary key, request id, tokens) of every new snapshot, and of every snapshot a
         # request resumes from: the compute plane copies the state (compute/linear_state.py)
-        self.on_saved = None
-        self.on_restored = None
+        self.on_saved = on_saved
+        self.on_restored = on_restored
         self.pages = max(1, int(pages_per_snapshot))
         self.interval = retention in ("both", "interval")
         self.selective = retention in ("both", "selective")
         self.stats = SnapshotStats()
 
     def _keys(self, boundary_key: int) -> np.ndarray:
-        """The pool keys of the snapshot taken after the block named boundary_key."""
-        return derived_keys(SNAPSHOT_NAMESPACE, boundary_key, self.pages)
+        return snapshot_keys(boundary_key, self.pages)
 
     def has(self, boundary_key: int) -> bool:
-        return all(self.pool.cached_block(int(k)) >= 0 for k in self._keys(boundary_key))
+        return snapshot_held(self.pool, boundary_key, self.pages)
 
     # --------------------------------------------------------------- lookup
     def usable_blocks(self, keys, num_blocks: int) -> int:

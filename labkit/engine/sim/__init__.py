@@ -1,7 +1,7 @@
-"""The simulated data plane and its cost models."""
+"""The simulated data plane and its cost models (the step's work and timing they read
+and write are the seam's types, `engine/step_work.py`)."""
 
 from labkit.engine.sim.data_plane import SimDataPlane
 from labkit.engine.sim.roofline import RooflineCostModel, RooflineParams
-from labkit.engine.sim.work import StepTiming, StepWork
 
-__all__ = ["RooflineCostModel", "RooflineParams", "SimDataPlane", "StepTiming", "StepWork"]
+__all__ = ["RooflineCostModel", "RooflineParams", "SimDataPlane"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 from labkit.engine.step_io import StepInput, StepOutput
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.engine.step_io import Release
 from labkit.errors import ConfigError
 from labkit.specs.models import INDEXER_SCALE_BYTES
 
@@ -206,6 +207,7 @@ class HiSparseDataPlane:
         return self.inner.min_step_s
 
     def execute(self, step):
+        self._release(step.finished_ids)  # (before the step: a finished call is gone)
         out = self.inner.execute(step)
         timing = out.timing
         extra = np.array([self.hisparse.rank_seconds(r) for r in step.ranks])
@@ -215,7 +217,13 @@ class HiSparseDataPlane:
         return out
 
     def apply(self, commands: list) -> None:
+        self._release(c.request_id for c in commands if isinstance(c, Release))
         self.inner.apply(commands)
+
+    def _release(self, request_ids) -> None:
+        """Finished calls' buffers go (the `Release` commands the engine sends)."""
+        for rid in request_ids:
+            self.hisparse.release(rid)
 
     def close(self) -> None:
         self.inner.close()

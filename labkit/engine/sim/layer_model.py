@@ -46,7 +46,7 @@ from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.memo import ExactMemo, broadcast_rows, first_rows, no_memo, uniform_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
-from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
 
 STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and writes

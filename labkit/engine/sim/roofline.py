@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.sim.work import StepTiming, StepWork
+from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.dtypes import dtype_bytes
 from labkit.specs.hardware import HardwareSpec
 from labkit.specs.layout import Layout

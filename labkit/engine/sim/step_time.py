@@ -13,7 +13,7 @@ from __future__ import annotations
 from labkit.engine.capacity import placement_for
 from labkit.engine.scheduler import RankBatch
 from labkit.engine.sim.layer_model import LayerStepModel
-from labkit.engine.sim.work import StepWork
+from labkit.engine.step_work import StepWork
 from labkit.errors import ConfigError
 from labkit.specs import EngineConfig, Layout, get_model
 

@@ -6,6 +6,10 @@ to read, query-key pairs to score — so the cost model sees those sums, not the
 Every field is an integer array of shape (steps, ranks): one step of a whole
 instance is shape (1, R); a fast-forwarded run of k decode steps is (k, R), and the
 same cost formula evaluates both, so the two can never disagree.
+
+Both planes use these types: every `StepInput` carries its step's `StepWork`, and
+every data plane answers with a `StepTiming` (a simulated plane from its cost model, the
+compute plane from its clock) — so they live beside the step message (`step_io.py`).
 """
 
 from __future__ import annotations
