@@ -6,7 +6,8 @@ served and where — model, layout, block geometry, the data plane — before it
 `build_parts`):
 
 1. **the outbox**: the commands for the data plane (block copies, state-snapshot saves
-   and restores, releases), which ride on its next step (`step_message.py`);
+   and restores, releases, offload tier moves, P/D hand-overs), which ride on its next
+   step (`step_message.py`), and the plane's reports on them;
 2. **per DP rank, its block pool**, and in it what a hybrid model keeps besides its
    full-attention KV (`hybrid_kv.py`): the linear-state snapshots, which take pages of
    the same pool;
