@@ -210,8 +210,9 @@ def test_offload_tier_moves_travel_as_commands(tmp_path):
     assert control_refs(eng.data_plane) == []
     outbox = eng.offload.outbox
     plane_side = (type(eng.data_plane), TierBytes, torch.Tensor)
-    # (the engine owns its plane; the outbox is the way commands go)
-    assert control_refs(eng.offload, plane_side, stop=(type(outbox), Engine)) == []
+    # (the engine and its instances own the plane, to execute steps; the outbox is the
+    # way commands go)
+    assert control_refs(eng.offload, plane_side, stop=(type(outbox), Engine, Instance)) == []
     eng.data_plane.close()
 
 
