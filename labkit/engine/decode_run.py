@@ -87,13 +87,25 @@ class DecodeRun:
         gained = np.minimum(self.cum[commit_stop] - self.cum[first],
                             [r.remaining_output_tokens for _, r in self.pairs])
         events = []  # (boundary, 0 = register / 1 = allocate, request, step)
-        req_idx, step_idx = np.nonzero(self.kv_calls[:, self.allocated : alloc_stop])
-        events += [(j + self.allocated, 1, i, j + self.allocated)
-                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         after = before[:, None] + np.minimum(
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
-        req_idx, step_idx = np.nonzero(np.diff(full, axis=1))
+        fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
+        if not self._play_in_batches(first, alloc_stop, before, after, fills, ends):
+            self._play_in_order(first, alloc_stop, before, after, fills, ends)
+        self.allocated = alloc_stop
+        self.played = (first, before, after)
+        return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def _play_in_order(self, first: int, alloc_stop: int, before, after, fills, ends) -> None:
+        """The KV work of the steps being played, one call per request and step, in
+        step-by-step order: at each step boundary first the ending step's
+        registrations, then the next one's allocations."""
+        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
+        req_idx, step_idx = np.nonzero(self.kv_calls[:, self.allocated : alloc_stop])
+        events += [(j + self.allocated, 1, i, j + self.allocated)
+                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+        req_idx, step_idx = np.nonzero(fills)
         events += [(first + j + 1, 0, i, first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         for _, kind, i, j in sorted(events):
@@ -109,9 +121,56 @@ class DecodeRun:
                 scheduler.kv.set_time(float(ends[j]))
                 scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
-        self.allocated = alloc_stop
-        self.played = (first, before, after)
-        return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def _play_in_batches(self, first: int, alloc_stop: int, before, after, fills,
+                         ends) -> bool:
+        """The same KV work a rank at a time: one pool allocation for all the blocks
+        the rank's requests take, one registration of all the blocks they fill
+        (`KVManager.play_batch`). Ranks have their own pools, so their order does not
+        matter; within a rank the free queue hands out the same blocks in the same
+        order whatever registrations come in between. False, having changed nothing,
+        where a rank cannot tell that the result is the same (see `play_batch`)."""
+        start = self.allocated
+        calls = self.kv_calls[:, start:alloc_stop]
+        active = np.flatnonzero(calls.any(axis=1) | fills.any(axis=1)).tolist()
+        if not active:
+            return True
+        by_rank: dict = {}  # scheduler -> positions in `active` of its requests
+        for local, i in enumerate(active):
+            by_rank.setdefault(self.pairs[i][0], []).append(local)
+        if not all(s.kv.plays_in_batches() for s in by_rank):
+            return False
+        # blocks request i takes when step j starts, as `KVManager.allocate` would find
+        # them: its slots (tokens so far + width) over the table it holds by then
+        rows = np.array(active)
+        kv0 = self.pairs[active[0]][0].kv
+        have = np.array([self.pairs[i][0].kv.tables[self.pairs[i][1].request_id].n
+                         for i in active], dtype=np.int64)
+        slots = before[rows, None] + self.cum[None, start:alloc_stop] - self.cum[first] \
+            + self.width
+        need = np.where(calls[rows], -(-slots // kv0.block_size), 0)
+        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+        counts = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)
+        # a request's blocks registered: those full after its last step that fills one
+        tokens = np.where(fills[rows].any(axis=1), after[rows, -1] if after.shape[1] else 0, -1)
+        # the time stamp the rank's pool is left with: its last event's (register at
+        # boundary j + 1 = ends[j], allocate at boundary j = start[j], register first)
+        last_alloc = _last(calls[rows]) + start
+        last_fill = _last(fills[rows]) + first + 1
+        committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
+        plans = []
+        for scheduler, local in by_rank.items():
+            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
+            now = float(self.start[la]) if la >= lf else float(ends[lf - 1])
+            reqs = [self.pairs[active[j]][1] for j in local]
+            plan = scheduler.kv.plan_batch(reqs, counts[local], committed, tokens[local])
+            if plan is None:
+                return False
+            plans.append((scheduler.kv, plan, now))
+        for kv, plan, now in plans:
+            kv.play_batch(plan)
+            kv.set_time(now)
+        return True
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, requests) arrays for steps [first, stop) of the latest playback:
@@ -214,6 +273,14 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     kv_used, finishes, width)
     run.truncate(within)
     return run
+
+
+def _last(mask: np.ndarray) -> np.ndarray:
+    """Per row, the index of its last True (a large negative number if none)."""
+    if mask.shape[1] == 0:
+        return np.full(len(mask), -(1 << 40), dtype=np.int64)
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), last, -(1 << 40))
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
