@@ -86,7 +86,6 @@ class DecodeRun:
         before = np.array([r.num_computed_tokens for _, r in self.pairs], dtype=np.int64)
         gained = np.minimum(self.cum[commit_stop] - self.cum[first],
                             [r.remaining_output_tokens for _, r in self.pairs])
-        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
         after = before[:, None] + np.minimum(
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
