@@ -210,10 +210,12 @@ class DecodeRun:
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
-                    max_steps: int) -> DecodeRun | None:
+                    max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
     """Plan up to max_steps steady decode steps starting at `now`, or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
-    step that starts once one of them has landed (that step schedules it)."""
+    step that starts once one of them has landed (that step schedules it).
+    `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
+    steps past the horizon is not computed."""
     pairs = [(s, r) for s in schedulers for r in s.running if not s.on_the_wire(r)]
     if not pairs:
         return None
@@ -258,8 +260,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     base = np.zeros(len(schedulers), dtype=np.int64)
     np.add.at(counts, rank_of, 1)
     np.add.at(base, rank_of, computed)
-    work = decode_work(counts, base, cum[:k], width)
-    timing = cost_model.step_timing(work, lockstep)
+    timing = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now, horizon,
+                          step_guess_s)
+    work = decode_work(counts, base, cum[: len(timing.duration)], width)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -272,6 +275,31 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     kv_used, finishes, width)
     run.truncate(within)
     return run
+
+
+def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now: float,
+                 horizon: float, step_guess_s: float):
+    """The cost of the decode steps `cum` describes, or of a first part of them that
+    ends at or after the horizon (what lies beyond is cut from the run anyway). The
+    part is sized from a recent step's duration; if it falls short of the horizon,
+    the rest is costed too. A step's cost depends on its own row of the work alone,
+    so the two parts are the rows of the whole."""
+    k = len(cum)
+    first = k
+    if step_guess_s > 0 and np.isfinite(horizon):
+        first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
+    timing = cost_model.step_timing(decode_work(counts, base, cum[:first], width), lockstep)
+    # as plan_decode_run finds the steps' ends (same sums, same rounding)
+    if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
+        return timing
+    rest = cost_model.step_timing(decode_work(counts, base, cum[first:], width), lockstep)
+    return type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
+                                                                 _fields(rest))))
+
+
+def _fields(timing) -> tuple:
+    return (timing.busy, timing.compute, timing.comm, timing.duration,
+            timing.temporary_kv_bytes)
 
 
 def _last(mask: np.ndarray) -> np.ndarray:
@@ -314,5 +342,4 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
 
 def _head(timing, k: int):
     """The first k steps of a StepTiming."""
-    return type(timing)(timing.busy[:k], timing.compute[:k], timing.comm[:k],
-                        timing.duration[:k], timing.temporary_kv_bytes[:k])
+    return type(timing)(*(a[:k] for a in _fields(timing)))
