@@ -33,6 +33,10 @@ import numpy as np
 
 from labkit.engine.sim.work import StepWork
 
+# a rank's KV work in a playback is done in one batch from this many calls on (below,
+# one batch costs more than the calls)
+BATCH_EVENTS = 6
+
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
     """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
@@ -90,22 +94,24 @@ class DecodeRun:
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
         fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
-        if not self._play_in_batches(first, alloc_stop, before, after, fills, ends):
-            self._play_in_order(first, alloc_stop, before, after, fills, ends)
+        left = self._play_in_batches(first, alloc_stop, before, after, fills, ends)
+        if left:
+            self._play_in_order(first, alloc_stop, before, after, fills, ends, left)
         self.allocated = alloc_stop
         self.played = (first, before, after)
         return self._emit_tokens(first, commit_stop, gained, ends)
 
-    def _play_in_order(self, first: int, alloc_stop: int, before, after, fills, ends) -> None:
-        """The KV work of the steps being played, one call per request and step, in
-        step-by-step order: at each step boundary first the ending step's
-        registrations, then the next one's allocations."""
+    def _play_in_order(self, first: int, alloc_stop: int, before, after, fills, ends,
+                       rows: list) -> None:
+        """The KV work of requests `rows` in the steps being played, one call per
+        request and step, in step-by-step order: at each step boundary first the
+        ending step's registrations, then the next one's allocations."""
         events = []  # (boundary, 0 = register / 1 = allocate, request, step)
-        req_idx, step_idx = np.nonzero(self.kv_calls[:, self.allocated : alloc_stop])
-        events += [(j + self.allocated, 1, i, j + self.allocated)
+        req_idx, step_idx = np.nonzero(self.kv_calls[rows, self.allocated : alloc_stop])
+        events += [(j + self.allocated, 1, rows[i], j + self.allocated)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
-        req_idx, step_idx = np.nonzero(fills)
-        events += [(first + j + 1, 0, i, first + j)
+        req_idx, step_idx = np.nonzero(fills[rows])
+        events += [(first + j + 1, 0, rows[i], first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         for _, kind, i, j in sorted(events):
             scheduler, req = self.pairs[i]
@@ -122,26 +128,35 @@ class DecodeRun:
             req.num_computed_tokens = int(before[i])
 
     def _play_in_batches(self, first: int, alloc_stop: int, before, after, fills,
-                         ends) -> bool:
+                         ends) -> list:
         """The same KV work a rank at a time: one pool allocation for all the blocks
         the rank's requests take, one registration of all the blocks they fill
         (`KVManager.play_batch`). Ranks have their own pools, so their order does not
         matter; within a rank the free queue hands out the same blocks in the same
-        order whatever registrations come in between. False, having changed nothing,
-        where a rank cannot tell that the result is the same (see `play_batch`)."""
+        order whatever registrations come in between. Returns the requests (rows of
+        `pairs`) left to play call by call: those of ranks with a call or two only
+        (a batch would cost more), or where the rank cannot tell that a batch gives
+        the same result (`plays_in_batches`, `plan_batch`)."""
         start = self.allocated
         calls = self.kv_calls[:, start:alloc_stop]
-        active = np.flatnonzero(calls.any(axis=1) | fills.any(axis=1)).tolist()
-        if not active:
-            return True
+        per_request = calls.sum(axis=1) + fills.sum(axis=1)
+        active = np.flatnonzero(per_request).tolist()
         by_rank: dict = {}  # scheduler -> positions in `active` of its requests
         for local, i in enumerate(active):
             by_rank.setdefault(self.pairs[i][0], []).append(local)
-        if not all(s.kv.plays_in_batches() for s in by_rank):
-            return False
+        left = []
+        rows = np.array(active, dtype=np.int64)
+        events = per_request[rows]
+        batched = []
+        for scheduler, local in by_rank.items():
+            if events[local].sum() < BATCH_EVENTS or not scheduler.kv.plays_in_batches():
+                left += [active[j] for j in local]
+            else:
+                batched += local
+        if not batched:
+            return left
         # blocks request i takes when step j starts, as `KVManager.allocate` would find
         # them: its slots (tokens so far + width) over the table it holds by then
-        rows = np.array(active)
         kv0 = self.pairs[active[0]][0].kv
         have = np.array([self.pairs[i][0].kv.tables[self.pairs[i][1].request_id].n
                          for i in active], dtype=np.int64)
@@ -157,19 +172,18 @@ class DecodeRun:
         last_alloc = _last(calls[rows]) + start
         last_fill = _last(fills[rows]) + first + 1
         committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
-        plans = []
         for scheduler, local in by_rank.items():
-            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
-            now = float(self.start[la]) if la >= lf else float(ends[lf - 1])
+            if local[0] not in batched:
+                continue
             reqs = [self.pairs[active[j]][1] for j in local]
             plan = scheduler.kv.plan_batch(reqs, counts[local], committed, tokens[local])
             if plan is None:
-                return False
-            plans.append((scheduler.kv, plan, now))
-        for kv, plan, now in plans:
-            kv.play_batch(plan)
-            kv.set_time(now)
-        return True
+                left += [active[j] for j in local]
+                continue
+            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
+            scheduler.kv.play_batch(plan)
+            scheduler.kv.set_time(float(self.start[la]) if la >= lf else float(ends[lf - 1]))
+        return sorted(left)
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, requests) arrays for steps [first, stop) of the latest playback:
