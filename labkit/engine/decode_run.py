@@ -33,6 +33,10 @@ import numpy as np
 
 from labkit.engine.step_work import StepWork
 
+# a rank's KV work in a playback is done in one batch from this many calls on (below,
+# one batch costs more than the calls)
+BATCH_EVENTS = 6
+
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
     """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
@@ -86,15 +90,28 @@ class DecodeRun:
         before = np.array([r.num_computed_tokens for _, r in self.pairs], dtype=np.int64)
         gained = np.minimum(self.cum[commit_stop] - self.cum[first],
                             [r.remaining_output_tokens for _, r in self.pairs])
-        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
-        req_idx, step_idx = np.nonzero(self.kv_calls[:, self.allocated : alloc_stop])
-        events += [(j + self.allocated, 1, i, j + self.allocated)
-                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         after = before[:, None] + np.minimum(
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
-        req_idx, step_idx = np.nonzero(np.diff(full, axis=1))
-        events += [(first + j + 1, 0, i, first + j)
+        fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
+        left = self._play_in_batches(first, alloc_stop, before, after, fills, ends)
+        if left:
+            self._play_in_order(first, alloc_stop, before, after, fills, ends, left)
+        self.allocated = alloc_stop
+        self.played = (first, before, after)
+        return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def _play_in_order(self, first: int, alloc_stop: int, before, after, fills, ends,
+                       rows: list) -> None:
+        """The KV work of requests `rows` in the steps being played, one call per
+        request and step, in step-by-step order: at each step boundary first the
+        ending step's registrations, then the next one's allocations."""
+        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
+        req_idx, step_idx = np.nonzero(self.kv_calls[rows, self.allocated : alloc_stop])
+        events += [(j + self.allocated, 1, rows[i], j + self.allocated)
+                   for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+        req_idx, step_idx = np.nonzero(fills[rows])
+        events += [(first + j + 1, 0, rows[i], first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
         for _, kind, i, j in sorted(events):
             scheduler, req = self.pairs[i]
@@ -109,9 +126,64 @@ class DecodeRun:
                 scheduler.kv.set_time(float(ends[j]))
                 scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
-        self.allocated = alloc_stop
-        self.played = (first, before, after)
-        return self._emit_tokens(first, commit_stop, gained, ends)
+
+    def _play_in_batches(self, first: int, alloc_stop: int, before, after, fills,
+                         ends) -> list:
+        """The same KV work a rank at a time: one pool allocation for all the blocks
+        the rank's requests take, one registration of all the blocks they fill
+        (`KVManager.play_batch`). Ranks have their own pools, so their order does not
+        matter; within a rank the free queue hands out the same blocks in the same
+        order whatever registrations come in between. Returns the requests (rows of
+        `pairs`) left to play call by call: those of ranks with a call or two only
+        (a batch would cost more), or where the rank cannot tell that a batch gives
+        the same result (`plays_in_batches`, `plan_batch`)."""
+        start = self.allocated
+        calls = self.kv_calls[:, start:alloc_stop]
+        per_request = calls.sum(axis=1) + fills.sum(axis=1)
+        active = np.flatnonzero(per_request).tolist()
+        by_rank: dict = {}  # scheduler -> positions in `active` of its requests
+        for local, i in enumerate(active):
+            by_rank.setdefault(self.pairs[i][0], []).append(local)
+        left = []
+        rows = np.array(active, dtype=np.int64)
+        events = per_request[rows]
+        batched = []
+        for scheduler, local in by_rank.items():
+            if events[local].sum() < BATCH_EVENTS or not scheduler.kv.plays_in_batches():
+                left += [active[j] for j in local]
+            else:
+                batched += local
+        if not batched:
+            return left
+        # blocks request i takes when step j starts, as `KVManager.allocate` would find
+        # them: its slots (tokens so far + width) over the table it holds by then
+        kv0 = self.pairs[active[0]][0].kv
+        have = np.array([self.pairs[i][0].kv.tables[self.pairs[i][1].request_id].n
+                         for i in active], dtype=np.int64)
+        slots = before[rows, None] + self.cum[None, start:alloc_stop] - self.cum[first] \
+            + self.width
+        need = np.where(calls[rows], -(-slots // kv0.block_size), 0)
+        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+        counts = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)
+        # a request's blocks registered: those full after its last step that fills one
+        tokens = np.where(fills[rows].any(axis=1), after[rows, -1] if after.shape[1] else 0, -1)
+        # the time stamp the rank's pool is left with: its last event's (register at
+        # boundary j + 1 = ends[j], allocate at boundary j = start[j], register first)
+        last_alloc = _last(calls[rows]) + start
+        last_fill = _last(fills[rows]) + first + 1
+        committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
+        for scheduler, local in by_rank.items():
+            if local[0] not in batched:
+                continue
+            reqs = [self.pairs[active[j]][1] for j in local]
+            plan = scheduler.kv.plan_batch(reqs, counts[local], committed, tokens[local])
+            if plan is None:
+                left += [active[j] for j in local]
+                continue
+            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
+            scheduler.kv.play_batch(plan)
+            scheduler.kv.set_time(float(self.start[la]) if la >= lf else float(ends[lf - 1]))
+        return sorted(left)
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, requests) arrays for steps [first, stop) of the latest playback:
@@ -152,10 +224,12 @@ class DecodeRun:
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
-                    max_steps: int) -> DecodeRun | None:
+                    max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
     """Plan up to max_steps steady decode steps starting at `now`, or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
-    step that starts once one of them has landed (that step schedules it)."""
+    step that starts once one of them has landed (that step schedules it).
+    `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
+    steps past the horizon is not computed."""
     pairs = [(s, r) for s in schedulers for r in s.running if not s.on_the_wire(r)]
     if not pairs:
         return None
@@ -200,8 +274,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     base = np.zeros(len(schedulers), dtype=np.int64)
     np.add.at(counts, rank_of, 1)
     np.add.at(base, rank_of, computed)
-    work = decode_work(counts, base, cum[:k], width)
-    timing = cost_model.step_timing(work, lockstep)
+    timing = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now, horizon,
+                          step_guess_s)
+    work = decode_work(counts, base, cum[: len(timing.duration)], width)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -214,6 +289,39 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     kv_used, finishes, width)
     run.truncate(within)
     return run
+
+
+def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now: float,
+                 horizon: float, step_guess_s: float):
+    """The cost of the decode steps `cum` describes, or of a first part of them that
+    ends at or after the horizon (what lies beyond is cut from the run anyway). The
+    part is sized from a recent step's duration; if it falls short of the horizon,
+    the rest is costed too. A step's cost depends on its own row of the work alone,
+    so the two parts are the rows of the whole."""
+    k = len(cum)
+    first = k
+    if step_guess_s > 0 and np.isfinite(horizon):
+        first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
+    timing = cost_model.step_timing(decode_work(counts, base, cum[:first], width), lockstep)
+    # as plan_decode_run finds the steps' ends (same sums, same rounding)
+    if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
+        return timing
+    rest = cost_model.step_timing(decode_work(counts, base, cum[first:], width), lockstep)
+    return type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
+                                                                 _fields(rest))))
+
+
+def _fields(timing) -> tuple:
+    return (timing.busy, timing.compute, timing.comm, timing.duration,
+            timing.temporary_kv_bytes)
+
+
+def _last(mask: np.ndarray) -> np.ndarray:
+    """Per row, the index of its last True (a large negative number if none)."""
+    if mask.shape[1] == 0:
+        return np.full(len(mask), -(1 << 40), dtype=np.int64)
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), last, -(1 << 40))
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
@@ -248,5 +356,4 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
 
 def _head(timing, k: int):
     """The first k steps of a StepTiming."""
-    return type(timing)(timing.busy[:k], timing.compute[:k], timing.comm[:k],
-                        timing.duration[:k], timing.temporary_kv_bytes[:k])
+    return type(timing)(*(a[:k] for a in _fields(timing)))

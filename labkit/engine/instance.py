@@ -134,7 +134,7 @@ class Instance:
     def _plan_run(self, now: float, horizon: float) -> Plan | None:
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS)
+                              MAX_RUN_STEPS, self.last_step_s)
         if run is None:
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)

@@ -159,6 +159,10 @@ class BlockPool:
                                               np.array(fresh, dtype=np.int32),
                                               np.array(fresh_keys, dtype=np.int64)))
 
+    def cached_none(self, keys: list) -> bool:
+        """Is none of these keys cached?"""
+        return self._cached.keys().isdisjoint(keys)
+
     def written(self, blocks: np.ndarray) -> None:
         """The step computing these blocks has run: their KV exists."""
         self.pending[blocks] = False
