@@ -24,7 +24,11 @@ destination already holds (a prefix-cache hit).
 
 The two halves of a P/D hand-over reach the planes as step commands (`ExportKV`,
 `ImportKV` in `engine/step_io.py`): `export_request` runs on the prefill side's plane
-and its result travels back as a report, `import_request` on the decode side's.
+and its result travels back as a report, `import_request` on the decode side's. Each
+GPU's part runs where that GPU lives, as rank operations sent through the plane's
+executor (`read_kv_span`, `write_kv_span`, `read_state`, `write_state`): under
+`executor="mp"` a worker process's share crosses in the operation's result or argument,
+and the plane assembles (export) or checks the table (import) on the driver's side.
 
 A hybrid model's linear-attention layers keep no per-token KV but one state per request
 (`linear_state.py`), split by heads over TP: `export_state` joins the TP ranks' head
