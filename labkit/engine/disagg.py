@@ -72,8 +72,9 @@ class PDEngine(Arrivals):
                       num_decode)
         p_knobs = {**knobs, **(prefill_knobs or {})}
         d_knobs = {**knobs, **(decode_knobs or {})}
-        check_pd_processes([(Layout.parse(prefill_layout), num_prefill, p_knobs),
-                            (Layout.parse(decode_layout), num_decode, d_knobs)])
+        if backend == "compute":  # (elsewhere Engine refuses the executor knob)
+            check_pd_processes([(Layout.parse(prefill_layout), num_prefill, p_knobs),
+                                (Layout.parse(decode_layout), num_decode, d_knobs)])
         # a prefill group holds a finished call's KV until it is sent; a decode group
         # asks for the prompt KV a prefill group holds before its own prefix sources
         self.prefill = [Engine(model, prefill_layout, hardware, backend, cost_model,
