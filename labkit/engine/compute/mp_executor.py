@@ -18,6 +18,10 @@ Two ways to start:
   --executor mp`): every process runs `labkit replay`; RANK 0 drives, the others call
   `serve()` (init from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
 
+A layout of one GPU (spawned) starts no worker and no group: its GPU lives in the driver.
+A process has one torch.distributed group, so it holds at most one mp engine of several
+GPUs, beside any number of one-GPU ones (a P/D pair's tp1 side, `disagg.py`).
+
 Failure: a worker that dies makes the driver raise `WorkerDied`, one line naming the
 GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed connection
 is noticed at once), and the driver stops every other worker it spawned — a watchdog
