@@ -72,6 +72,9 @@ class PDEngine(Arrivals):
                       num_decode)
         p_knobs = {**knobs, **(prefill_knobs or {})}
         d_knobs = {**knobs, **(decode_knobs or {})}
+        if backend == "compute":  # (elsewhere Engine refuses the executor knob)
+            check_pd_processes([(Layout.parse(prefill_layout), num_prefill, p_knobs),
+                                (Layout.parse(decode_layout), num_decode, d_knobs)])
         # a prefill group holds a finished call's KV until it is sent; a decode group
         # asks for the prompt KV a prefill group holds before its own prefix sources
         self.prefill = [Engine(model, prefill_layout, hardware, backend, cost_model,
@@ -354,6 +357,21 @@ def check_pd_size(prefill_layout, decode_layout, num_prefill: int, num_decode: i
         raise ConfigError(f"P:D ratio {num_prefill}:{num_decode} needs {gpus:,} GPUs "
                           f"({num_prefill} x {prefill_layout.text} + {num_decode} x "
                           f"{decode_layout.text}); labkit simulates at most {MAX_GPUS:,}")
+
+
+def check_pd_processes(roles) -> None:
+    """executor='mp': a group of several GPUs runs its ranks as processes of one
+    torch.distributed group, and a process has one; a one-GPU group needs none (its GPU
+    lives in the driver). So at most one group of the system may span several GPUs
+    under mp. `roles`: (layout, number of groups, knobs) per role."""
+    spread = [(layout.text, n) for layout, n, knobs in roles
+              if knobs.get("executor") == "mp" and layout.gpus > 1]
+    if sum(n for _, n in spread) > 1:
+        which = " + ".join(f"{n} x {text}" for text, n in spread)
+        raise ConfigError(f"executor='mp': {which} groups of several GPUs would each need "
+                          "their own torch.distributed group in this process; at most one "
+                          "may run as processes (give the others executor='threads' through "
+                          "prefill_knobs / decode_knobs)")
 
 
 def check_pd_pair(prefill: Engine, decode: Engine) -> None:

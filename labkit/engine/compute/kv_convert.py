@@ -24,7 +24,11 @@ destination already holds (a prefix-cache hit).
 
 The two halves of a P/D hand-over reach the planes as step commands (`ExportKV`,
 `ImportKV` in `engine/step_io.py`): `export_request` runs on the prefill side's plane
-and its result travels back as a report, `import_request` on the decode side's.
+and its result travels back as a report, `import_request` on the decode side's. Each
+GPU's part runs where that GPU lives, as rank operations sent through the plane's
+executor (`read_kv_span`, `write_kv_span`, `read_state`, `write_state`): under
+`executor="mp"` a worker process's share crosses in the operation's result or argument,
+and the plane assembles (export) or checks the table (import) on the driver's side.
 
 A hybrid model's linear-attention layers keep no per-token KV but one state per request
 (`linear_state.py`), split by heads over TP: `export_state` joins the TP ranks' head
@@ -44,35 +48,37 @@ def export_kv(plane, dp_rank: int, blocks, num_tokens: int, start: int = 0,
               layers=None) -> KVData:
     """The KV of positions start..num_tokens-1 of a request whose block table on DP rank
     `dp_rank` of `plane` is `blocks` (physical block ids covering num_tokens), as full
-    logical tensors per layer and cache name (see the module docstring), on the plane's
-    device; only `layers` if given (a sliding-window model's two kinds of layer have
-    two tables). Raises ValueError when the blocks do not cover the positions or when the
-    replica's GPUs leave a position, head or layer uncovered."""
+    logical tensors per layer and cache name (see the module docstring); only `layers`
+    if given (a sliding-window model's two kinds of layer have two tables). Each GPU of
+    the replica reads its part where it lives (`read_kv_span`, through the plane's
+    executor: a thread or a process); this side assembles them. Raises ValueError when
+    the blocks do not cover the positions or when the replica's GPUs leave a position,
+    head or layer uncovered."""
     table = _check_table(plane, dp_rank, blocks, num_tokens, start)
     positions = np.arange(start, num_tokens, dtype=np.int64)
+    gpus = plane.mesh.replica_gpus(dp_rank)
+    args = (positions, table, plane.block_size, layers)
+    parts = plane.executor.run(read_kv_span, [args] * len(gpus), gpus)
     out: KVData = {}
     covered: dict[tuple[int, str], torch.Tensor] = {}
-    for gpu in plane.mesh.replica_gpus(dp_rank):
-        kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
-        rows, slots = _owned_slots(kv, positions, table, plane.block_size)
-        rows_t = torch.as_tensor(rows, dtype=torch.long)
-        for layer, named in _selected(kv, layers):
-            for name, cache in named.items():
-                entries = _read(cache, slots, kv.local_block_size)
-                full = out.setdefault(layer, {}).get(name)
-                if full is None:
-                    full = cache.new_zeros((len(positions),) + _logical_shape(plane, cache))
-                    out[layer][name] = full
-                    covered[layer, name] = torch.zeros(full.shape[:_head_dims(name) + 1],
-                                                       dtype=torch.bool)
-                heads = _head_slice(plane, place, name, cache)
-                idx = rows_t.to(full.device)
-                if heads is None:
-                    full[idx] = entries
-                    covered[layer, name][rows_t] = True
-                else:
-                    full[idx, heads] = entries
-                    covered[layer, name][rows_t, heads] = True
+    for gpu, part in zip(gpus, parts):
+        for layer, name, rows, entries in part:
+            rows_t = torch.as_tensor(rows, dtype=torch.long)
+            full = out.setdefault(layer, {}).get(name)
+            if full is None:
+                shape = _logical_shape(plane.spec, entries.shape[1:])
+                full = entries.new_zeros((len(positions),) + shape)
+                out[layer][name] = full
+                covered[layer, name] = torch.zeros(full.shape[:_head_dims(name) + 1],
+                                                   dtype=torch.bool)
+            heads = _head_slice(plane.mesh, plane.mesh.places[gpu], name, entries.shape[1])
+            idx = rows_t.to(full.device)
+            if heads is None:
+                full[idx] = entries
+                covered[layer, name][rows_t] = True
+            else:
+                full[idx, heads] = entries
+                covered[layer, name][rows_t, heads] = True
     _check_coverage(plane, dp_rank, out, covered, start, layers)
     return out
 
@@ -82,45 +88,28 @@ def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0,
     """Write `data` (as `export_kv` returns it; positions start..start+T-1) into the paged
     caches of DP rank `dp_rank` of `plane` at the request's blocks `blocks`: every GPU of
     the replica takes its stage's layers, its head slice and (under DCP) its owned
-    positions; copies are all written."""
-    num_new = _check_data(plane, dp_rank, data, layers)
+    positions (`write_kv_span`, where it lives); copies are all written."""
+    num_new = _num_positions(data)
     table = _check_table(plane, dp_rank, blocks, start + num_new, start)
     positions = np.arange(start, start + num_new, dtype=np.int64)
-    for gpu in plane.mesh.replica_gpus(dp_rank):
-        kv, place = plane.ranks[gpu].kv, plane.mesh.places[gpu]
-        rows, slots = _owned_slots(kv, positions, table, plane.block_size)
-        for layer, named in _selected(kv, layers):
-            mine = {}
-            for name, cache in named.items():
-                values = data[layer][name].to(cache.device)
-                values = values[torch.as_tensor(rows, dtype=torch.long, device=cache.device)]
-                heads = _head_slice(plane, place, name, cache)
-                mine[name] = (values if heads is None else values[:, heads]).to(cache.dtype)
-            for name, values in mine.items():
-                if name == "k":
-                    kv.write_kv(layer, values, mine["v"], slots)
-                elif name != "v":
-                    kv.write(layer, name, values, slots)
+    gpus = plane.mesh.replica_gpus(dp_rank)
+    args = (positions, table, plane.block_size, data, layers)
+    plane.executor.run(write_kv_span, [args] * len(gpus), gpus)
 
 
 def export_state(plane, dp_rank: int, request_id: str, position: int) -> dict:
     """The request's linear-attention state after `position` tokens and after the last
     block boundary before it (where the destination may snapshot it), every head:
     {position: {linear layer: state}}. Each TP rank gives its heads (any PCP member),
-    each PP stage its layers."""
+    each PP stage its layers (`read_state`, where they live)."""
     boundary = position // plane.block_size * plane.block_size
     wanted = {position: "current"} | ({boundary: "boundary"} if 0 < boundary < position else {})
+    gpus = plane.mesh.replica_gpus(dp_rank)
+    found = plane.executor.run(read_state, [(request_id, wanted)] * len(gpus), gpus)
     parts: dict[tuple[int, int], dict[int, object]] = {}  # (position, layer) -> tp -> slice
-    for gpu in plane.mesh.replica_gpus(dp_rank):
-        rank, tp = plane.ranks[gpu], plane.mesh.places[gpu].tp_index
-        for layer in rank.snapshots.layers:
-            for pos, kind in wanted.items():
-                state = (rank.linear.peek(layer, request_id, pos) if kind == "current"
-                         else rank.linear.marked(layer, request_id, pos))
-                if state is None:
-                    raise ValueError(f"GPU {gpu} has no linear-attention state of "
-                                     f"{request_id} after {pos} tokens in layer {layer}")
-                parts.setdefault((pos, layer), {})[tp] = state
+    for gpu, states in zip(gpus, found):
+        for key, fields in states.items():
+            parts.setdefault(key, {})[plane.mesh.places[gpu].tp_index] = fields
     out: dict[int, dict[int, object]] = {}
     for (pos, layer), by_tp in parts.items():
         if sorted(by_tp) != list(range(plane.layout.tp)):
@@ -137,19 +126,9 @@ def import_state(plane, dp_rank: int, request_id: str, position: int, data: dict
     """Make `data[position]` (from `export_state`) the request's state after `position`
     tokens on every GPU of the destination replica, each its TP rank's heads; keep an
     earlier boundary's state as marked (`LinearStates.mark`)."""
-    tp = plane.layout.tp
-    for gpu in plane.mesh.replica_gpus(dp_rank):
-        rank, index = plane.ranks[gpu], plane.mesh.places[gpu].tp_index
-        for pos, layers in data.items():
-            for layer in rank.snapshots.layers:
-                whole = layers[layer]
-                mine = type(whole)(*(
-                    None if t is None else t.chunk(tp, dim=_HEAD_DIM[f])[index].clone()
-                    for f, t in enumerate(whole)))
-                if pos == position:
-                    rank.linear.restore(layer, request_id, pos, mine)
-                else:
-                    rank.linear.mark(layer, request_id, pos, mine)
+    gpus = plane.mesh.replica_gpus(dp_rank)
+    args = (request_id, position, data, plane.layout.tp)
+    plane.executor.run(write_state, [args] * len(gpus), gpus)
 
 
 def export_request(plane, c) -> dict:
@@ -166,6 +145,68 @@ def import_request(plane, c) -> None:
         import_kv(plane, c.dp, span.table, data, span.start, span.layers)
     if c.state_position is not None:
         import_state(plane, c.dp, c.request_id, c.state_position, c.payload["state"])
+
+
+# -------------------------------------------------------------- rank operations
+# Run on each GPU where it lives (executors.py): module-level, picklable arguments,
+# results on the CPU under executor="mp" (the worker's `_to_cpu`).
+def read_kv_span(rank, positions: np.ndarray, table: np.ndarray, block_size: int,
+                 layers) -> list[tuple[int, str, np.ndarray, torch.Tensor]]:
+    """What this GPU holds of the positions: (layer, cache name, rows of `positions`,
+    entries) for each cache tensor of its (selected) layers."""
+    kv = rank.kv
+    rows, slots = _owned_slots(kv, positions, table, block_size)
+    return [(layer, name, rows, _read(cache, slots, kv.local_block_size))
+            for layer, named in _selected(kv, layers) for name, cache in named.items()]
+
+
+def write_kv_span(rank, positions: np.ndarray, table: np.ndarray, block_size: int,
+                  data: KVData, layers) -> None:
+    """Write this GPU's part of `data` (its layers, heads, owned positions)."""
+    kv = rank.kv
+    _check_data(rank, data, layers)
+    rows, slots = _owned_slots(kv, positions, table, block_size)
+    for layer, named in _selected(kv, layers):
+        mine = {}
+        for name, cache in named.items():
+            values = data[layer][name].to(cache.device)
+            values = values[torch.as_tensor(rows, dtype=torch.long, device=cache.device)]
+            heads = _head_slice(rank.mesh, rank.place, name, cache.shape[2])
+            mine[name] = (values if heads is None else values[:, heads]).to(cache.dtype)
+        for name, values in mine.items():
+            if name == "k":
+                kv.write_kv(layer, values, mine["v"], slots)
+            elif name != "v":
+                kv.write(layer, name, values, slots)
+
+
+def read_state(rank, request_id: str, wanted: dict) -> dict:
+    """This GPU's head slice of the request's state at each wanted position, per
+    linear layer it holds: {(position, layer): fields}."""
+    out = {}
+    for layer in rank.snapshots.layers:
+        for pos, kind in wanted.items():
+            state = (rank.linear.peek(layer, request_id, pos) if kind == "current"
+                     else rank.linear.marked(layer, request_id, pos))
+            if state is None:
+                raise ValueError(f"GPU {rank.place.gpu} has no linear-attention state of "
+                                 f"{request_id} after {pos} tokens in layer {layer}")
+            out[pos, layer] = state
+    return out
+
+
+def write_state(rank, request_id: str, position: int, data: dict, tp: int) -> None:
+    """Cut this GPU's heads out of whole states and make them the request's."""
+    index = rank.place.tp_index
+    for pos, layers in data.items():
+        for layer in rank.snapshots.layers:
+            whole = layers[layer]
+            mine = type(whole)(*(None if t is None else t.chunk(tp, dim=_HEAD_DIM[f])[index].clone()
+                                 for f, t in enumerate(whole)))
+            if pos == position:
+                rank.linear.restore(layer, request_id, pos, mine)
+            else:
+                rank.linear.mark(layer, request_id, pos, mine)
 
 
 # KDAState fields: conv_q, conv_k, conv_v `[K-1, heads * dk]` (heads are column blocks),
@@ -214,18 +255,19 @@ def _head_dims(name: str) -> int:
     return 1 if name in ("k", "v") else 0
 
 
-def _logical_shape(plane, cache: torch.Tensor) -> tuple[int, ...]:
-    per_token = tuple(cache.shape[2:])
+def _logical_shape(spec, per_token) -> tuple[int, ...]:
+    """One position's logical shape, from the shape a GPU holds of it."""
+    per_token = tuple(per_token)
     if len(per_token) == 2:  # GQA k / v: [heads_here, head_dim] -> all KV heads
-        return (plane.spec.num_kv_heads, per_token[1])
+        return (spec.num_kv_heads, per_token[1])
     return per_token
 
 
-def _head_slice(plane, place, name: str, cache: torch.Tensor) -> slice | None:
+def _head_slice(mesh, place, name: str, here: int) -> slice | None:
+    """The KV heads GPU `place` holds (`here` of them) among all of the model's."""
     if not _head_dims(name):
         return None
-    here = cache.shape[2]
-    first = plane.mesh.heads_class(place.tp_index) * here
+    first = mesh.heads_class(place.tp_index) * here
     return slice(first, first + here)
 
 
@@ -250,20 +292,22 @@ def _check_coverage(plane, dp_rank, out: KVData, covered, start: int, layers=Non
             raise ValueError(f"layer {layer} {name!r}: no GPU of {where} holds {what}")
 
 
-def _check_data(plane, dp_rank: int, data: KVData, layers=None) -> int:
+def _num_positions(data: KVData) -> int:
     sizes = {t.shape[0] for named in data.values() for t in named.values()}
     if len(sizes) > 1:
         raise ValueError(f"KV tensors disagree on the number of positions: {sorted(sizes)}")
-    num_new = sizes.pop() if sizes else 0
-    for gpu in plane.mesh.replica_gpus(dp_rank):
-        for layer, named in _selected(plane.ranks[gpu].kv, layers):
-            if layer not in data:
-                raise ValueError(f"KV data has no layer {layer} (it has {sorted(data)})")
-            for name, cache in named.items():
-                t = data[layer].get(name)
-                want = _logical_shape(plane, cache)
-                if t is None or tuple(t.shape[1:]) != want:
-                    got = "none" if t is None else list(t.shape)
-                    raise ValueError(f"layer {layer} {name!r}: expected [T, "
-                                     f"{', '.join(map(str, want))}] KV, got {got}")
-    return num_new
+    return sizes.pop() if sizes else 0
+
+
+def _check_data(rank, data: KVData, layers=None) -> None:
+    """`data` holds every layer and cache tensor this GPU needs, logically shaped."""
+    for layer, named in _selected(rank.kv, layers):
+        if layer not in data:
+            raise ValueError(f"KV data has no layer {layer} (it has {sorted(data)})")
+        for name, cache in named.items():
+            t = data[layer].get(name)
+            want = _logical_shape(rank.spec, cache.shape[2:])
+            if t is None or tuple(t.shape[1:]) != want:
+                got = "none" if t is None else list(t.shape)
+                raise ValueError(f"layer {layer} {name!r}: expected [T, "
+                                 f"{', '.join(map(str, want))}] KV, got {got}")

@@ -18,6 +18,10 @@ Two ways to start:
   --executor mp`): every process runs `labkit replay`; RANK 0 drives, the others call
   `serve()` (init from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
 
+A layout of one GPU (spawned) starts no worker and no group: its GPU lives in the driver.
+A process has one torch.distributed group, so it holds at most one mp engine of several
+GPUs, beside any number of one-GPU ones (a P/D pair's tp1 side, `disagg.py`).
+
 Failure: a worker that dies makes the driver raise `WorkerDied`, one line naming the
 GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed connection
 is noticed at once), and the driver stops every other worker it spawned — a watchdog
@@ -78,12 +82,21 @@ class ProcessExecutor:
     name = "mp"
 
     def __init__(self, plan: RankPlan, mesh: Mesh) -> None:
-        if dist.is_initialized():
-            raise ConfigError("executor='mp': this process already has a torch.distributed "
-                              "group (one mp engine per process; close the other first)")
         self.mesh, self.world_size = mesh, mesh.world_size
         self.procs: list = []
         self._closing = False
+        if self.world_size == 1 and not under_torchrun():
+            # one GPU lives in the driver, as GPU 0 always does: no worker, no group, so
+            # several such engines share a process (a P/D pair's tp1 side)
+            self.ctrl = None
+            self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
+                                                    plan.weights_for(mesh.places[0]),
+                                                    build_groups(mesh, 0))}, 1)
+            return
+        if dist.is_initialized():
+            raise ConfigError("executor='mp': this process already has a torch.distributed "
+                              "group (one mp engine of several GPUs per process; close the "
+                              "other first)")
         self._dead: tuple | None = None  # (gpu, pid, exitcode) of the first worker to die
         self._threads = torch.get_num_threads()  # restored on close
         _share_cores(self.world_size)
@@ -129,6 +142,8 @@ class ProcessExecutor:
     def run(self, op, args_per_gpu: list[tuple], gpus: list[int]) -> list:
         """`op(rank, *args)` on each GPU of `gpus` (in its process); results in order."""
         work = dict(zip(gpus, args_per_gpu))
+        if self.ctrl is None:  # one GPU, in this process
+            return [op(self.ranks[0], *work[0])]
         self._call(lambda: dist.broadcast_object_list([("run", op, work)], src=0,
                                                       group=self.ctrl))
         mine, error = None, None
@@ -211,6 +226,9 @@ class ProcessExecutor:
     def close(self) -> None:
         atexit.unregister(self.close)
         if self._closing:
+            return
+        if self.ctrl is None:
+            self._closing = True
             return
         try:
             dist.broadcast_object_list([("stop",)], src=0, group=self.ctrl)
@@ -338,6 +356,8 @@ def _describe_exit(code: int | None) -> str:
 def _to_cpu(value):
     if isinstance(value, torch.Tensor):
         return value.cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (KDAState)
+        return type(value)(*(_to_cpu(v) for v in value))
     if isinstance(value, (tuple, list)):
         return type(value)(_to_cpu(v) for v in value)
     if isinstance(value, dict):
