@@ -271,14 +271,25 @@ def test_ctrl_c_during_a_replay_says_interrupted_and_leaves_nothing(tmp_path):
         [sys.executable, "-c", INTERRUPTED_REPLAY, "replay", "--trace", str(trace),
          "--model", "llama-3.1-8b", "--concurrency", "4", "--duration-s", "1000000",
          "--no-sim-fast-forward", "--out", str(out), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "RUNNING"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal)
+    try:
+        assert proc.stdout.readline().strip() == "RUNNING"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # hygiene: a replay that missed the signal would run on for ever
     assert proc.returncode == 130
     assert err.strip() == "labkit: interrupted"
     assert not (tmp_path / "deep").exists()  # no results, no lock, no parent made for them
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT as a shell's foreground job has it. A process
+    inherits an *ignored* SIGINT (and Python then never raises KeyboardInterrupt), so
+    whatever the test runner's worker did with it must not reach the program tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_without_an_atomic_exchange_a_kill_between_renames_is_repaired(tmp_path, monkeypatch):

@@ -70,7 +70,9 @@ def start_sweep(tmp_path: Path, values: str, jobs: int) -> tuple[subprocess.Pope
     proc = subprocess.Popen(
         [sys.executable, "-m", "labkit.cli", "sweep", str(slow_notebook(tmp_path / "nb.ipynb")),
          "-p", "x", values, "--out", str(out), "--jobs", str(jobs), "--no-progress"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's
+    # foreground job: an ignored SIGINT is inherited, whatever the test worker did with it
     return proc, marker, out
 
 
