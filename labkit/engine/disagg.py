@@ -30,6 +30,10 @@ events by time. A call goes:
 
 The two layouts must agree on what a KV block is: the same block size and KV dtype
 (see `check_pd_pair`); anything else is converted.
+
+Fast-forward (`decode_run.py`) is exact here too (`tests/engine/test_pd_fast_forward.py`):
+a hand-over cuts the decode run it joins where its scheduler first sees it, and the step
+after its KV lands is a single step (it takes the landed blocks into the prefix cache).
 """
 
 from __future__ import annotations
@@ -211,7 +215,10 @@ class PDEngine(Arrivals):
         req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
         self._decode_of[req.request_id] = self.decode[g]
         self.decode[g].submit(req, at=t)
-        req.arrival_s = arrival  # the call's own arrival, for TTFT and E2EL
+        # the call's own arrival, for TTFT and E2EL; so the decode scheduler sees the
+        # hand-over at once, with no async-scheduling lag (and a fast-forwarded run it
+        # joins is cut as that says: `Engine._arrive`)
+        req.arrival_s = arrival
         req.first_token_s = first
 
     def _offer_handoff(self, req: Request, cached: int, now: float) -> PrefixTransfer | None:

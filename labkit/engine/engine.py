@@ -354,8 +354,11 @@ class Engine(Arrivals):
         # another rank fetches from it: the other runs play on when they commit)
         rank = self.router.route(req, self.now)
         target = self._instance_of[rank]
-        if target.sync(self.now):  # ...and cut the one the newcomer joins; the others' runs
-            target.plan_version += 1  # go on (a step-by-step replay takes the same steps)
+        # ...and cut the one the newcomer joins, at its arrival as its scheduler sees it (a
+        # P/D hand-over keeps its call's); the others' runs go on (a step-by-step replay
+        # takes the same steps)
+        if target.sync(self.now, arrival_s=req.arrival_s):
+            target.plan_version += 1
             self._push_timer(target.plan.end, _COMMIT, target)
         self.schedulers[rank].add_request(req)
         self._wake(self._instance_of[rank])

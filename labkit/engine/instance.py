@@ -191,12 +191,13 @@ class Instance:
         self.plan = None
         return finished
 
-    def sync(self, t: float, cut: bool = True) -> bool:
+    def sync(self, t: float, cut: bool = True, arrival_s: float | None = None) -> bool:
         """Someone looks at this instance at time t (an arrival is being routed). If
         a fast-forwarded run is under way, play it up to t — the steps begun before t
         have allocated, those ended before t have emitted — and, if `cut`, cut it after
-        the step in progress (a newcomer may join the next step). Returns True if the
-        plan's end moved."""
+        the step in progress (a newcomer may join the next step). `arrival_s`: the
+        newcomer's arrival as its scheduler judges it visible (default t; a P/D
+        hand-over keeps its call's, `disagg.py`). Returns True if the plan's end moved."""
         plan = self.plan
         if plan is None or plan.run is None or t >= plan.end:
             return False
@@ -207,7 +208,7 @@ class Instance:
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        keep = started + self._hides(run, started, t)
+        keep = started + self._hides(run, started, t if arrival_s is None else arrival_s)
         if cut and keep < run.steps:
             run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
@@ -215,13 +216,14 @@ class Instance:
             return True
         return False
 
-    def _hides(self, run: DecodeRun, started: int, t: float) -> int:
-        """1 if the run's step after the one in progress at t is planned before a request
-        arriving at t is visible (async scheduling: it sees arrivals up to the start of
-        the step before it), so it is the same decode step and the run keeps it; else 0.
+    def _hides(self, run: DecodeRun, started: int, arrival_s: float) -> int:
+        """1 if the run's step after the one in progress is planned before a request that
+        arrived at `arrival_s` is visible (async scheduling: it sees arrivals up to the
+        start of the step before it), so it is the same decode step and the run keeps
+        it; else 0.
         (Off the prefill beat a step also notes that requests wait: not for runs then.)"""
         return int(self.config.async_scheduling and self.config.prefill_schedule_interval == 1
-                   and run.start[started - 1] < t)
+                   and run.start[started - 1] < arrival_s)
 
     def _emit_steps(self, plan: Plan, first: int, stop: int) -> None:
         """StepsCompleted for steps [first, stop) of the plan; advances the counter."""

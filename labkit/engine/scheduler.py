@@ -168,7 +168,9 @@ class Scheduler:
         for r in self.running:
             if r.kv_ready_s > self.now:
                 continue
-            if not r.is_decoding or r.pending_copies:
+            # (KV that has landed is taken in by a single step: it registers the copied
+            # blocks in the prefix cache, in running order; a P/D hand-over lands decoding)
+            if not r.is_decoding or r.pending_copies or r.kv_ready_s:
                 return False
             decoding += 1
         return decoding > 0
