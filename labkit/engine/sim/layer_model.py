@@ -44,7 +44,7 @@ import numpy as np
 
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
-from labkit.engine.sim.memo import ExactMemo, broadcast_rows, first_rows, no_memo, uniform_rows
+from labkit.engine.sim.memo import ExactMemo, no_memo, one_row
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
@@ -161,11 +161,11 @@ class LayerStepModel:
 
     def _piece(self, name: str, fn, *args):
         """fn(*args), a pure piece of the step, through the memo; for a run's steps
-        that all see the same counts, computed for one step and broadcast."""
-        k = uniform_rows(args) if self.memo is not no_memo else 0
-        if k:
-            one = first_rows(args)
-            return broadcast_rows(self.memo(name, one, lambda: fn(*one)), k)
+        that all see the same counts, computed for one step: a (1, ranks) row, which
+        the sums it enters broadcast to the run's k steps."""
+        if self.memo is no_memo:
+            return fn(*args)
+        args = one_row(args)
         return self.memo(name, args, lambda: fn(*args))
 
     def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
