@@ -79,11 +79,16 @@ class StepRecorder:
         rank_idx = np.repeat(rank_start, rows) + pos % np.repeat(width, rows)
         totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
 
+        same_width = bool((width == width[0]).all())
+
         def steps_col(field):
-            return np.repeat(np.concatenate([getattr(ev, field) for ev in events]), per_step)
+            col = np.concatenate([getattr(ev, field) for ev in events])
+            return col if same_width and width[0] == 1 else np.repeat(col, per_step)
 
         def ranks_col(field):
-            return np.concatenate([np.ravel(getattr(ev, field)) for ev in events])
+            if same_width:  # (steps, ranks) blocks stacked: rows in the same order
+                return np.concatenate([getattr(ev, field) for ev in events]).reshape(-1)
+            return np.concatenate([getattr(ev, field).reshape(-1) for ev in events])
 
         cols = {"step": steps_col("step_index"),
                 "instance": np.repeat(np.array([ev.instance for ev in events]), rows),
@@ -103,6 +108,8 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
     rows = []
     for r in requests:
         itl = np.asarray(r.itl, dtype=float)
+        # (one call for both: the same interpolation, element by element)
+        p50, p90 = np.percentile(itl, (50, 90)) if len(itl) else (np.nan, np.nan)
         done = r.finish_s is not None
         ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
         e2el = r.finish_s - r.arrival_s if done else np.nan
@@ -121,8 +128,7 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
             "itl_mean_s": itl.mean() if len(itl) else np.nan,
-            "itl_p50_s": np.percentile(itl, 50) if len(itl) else np.nan,
-            "itl_p90_s": np.percentile(itl, 90) if len(itl) else np.nan,
+            "itl_p50_s": p50, "itl_p90_s": p90,
             "itl_max_s": itl.max() if len(itl) else np.nan,
             "preemptions": r.num_preemptions, "completed": done,
         })
