@@ -449,6 +449,8 @@ def _full(x, shape) -> np.ndarray:
     are new arrays, never the memo's)."""
     if type(x) is np.ndarray and x.shape == shape and x.dtype == np.float64:
         return x
+    if type(x) is float:  # no collectives: 0.0
+        return np.full(shape, x)
     return np.broadcast_to(x, shape).astype(float)
 
 
