@@ -58,7 +58,7 @@ def no_memo(name: str, inputs: tuple, compute):
 
 def _key(x):
     if isinstance(x, np.ndarray):
-        return x.dtype.str, x.shape, x.tobytes()
+        return x.dtype, x.shape, x.tobytes()  # (dtypes compare and hash by value)
     return x
 
 
