@@ -42,38 +42,63 @@ STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "
 
 
 class StepRecorder:
-    """Subscribes to StepsCompleted and keeps the columns, chunk by chunk."""
+    """Subscribes to StepsCompleted and keeps the events; the table is built once,
+    when asked for (a replay emits thousands of small chunks: one numpy call per
+    column then, not per chunk and column)."""
+
+    # per-rank columns of the event, (steps, ranks) arrays, as the table names them
+    _PER_RANK = {"busy_s": "busy", "compute_s": "compute", "comm_s": "comm",
+                 "stall_s": "stall", "num_prefill_reqs": "num_prefill_reqs",
+                 "num_decode_reqs": "num_decode_reqs", "prefill_tokens": "prefill_tokens",
+                 "decode_tokens": "decode_tokens", "kv_used_blocks": "kv_used_blocks",
+                 "persistent_kv_bytes": "persistent_kv_bytes",
+                 "temporary_kv_bytes": "temporary_kv_bytes"}
 
     def __init__(self, events) -> None:
-        self._chunks: list[dict] = []
+        self._chunks: list[tuple] = []
         self.subscription = events.subscribe(self._on_steps, StepsCompleted)
 
     def _on_steps(self, ev: StepsCompleted) -> None:
-        k, r = ev.busy.shape
-        self._chunks.append({
-            "step": np.repeat(ev.step_index, r),
-            "instance": np.full(k * r, ev.instance),
-            "rank": np.tile(np.asarray(ev.ranks), k),
-            "start_s": np.repeat(ev.start, r),
-            "duration_s": np.repeat(ev.duration, r),
-            "busy_s": ev.busy.ravel(),
-            "compute_s": ev.compute.ravel(),
-            "comm_s": ev.comm.ravel(),
-            "stall_s": ev.stall.ravel(),
-            "num_prefill_reqs": ev.num_prefill_reqs.ravel(),
-            "num_decode_reqs": ev.num_decode_reqs.ravel(),
-            "prefill_tokens": ev.prefill_tokens.ravel(),
-            "decode_tokens": ev.decode_tokens.ravel(),
-            "kv_used_blocks": ev.kv_used_blocks.ravel(),
-            "kv_usage": (ev.kv_used_blocks / ev.kv_total_blocks[None, :]).ravel(),
-            "persistent_kv_bytes": np.asarray(ev.persistent_kv_bytes, dtype=float).ravel(),
-            "temporary_kv_bytes": np.asarray(ev.temporary_kv_bytes, dtype=float).ravel(),
-        })
+        # the event's arrays are never written after it is emitted; the ranks are
+        # copied, as they are the instance's own list
+        self._chunks.append((ev, np.array(ev.ranks, dtype=np.int64)))
 
     def frame(self) -> pd.DataFrame:
         if not self._chunks:
             return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
-        cols = {c: np.concatenate([ch[c] for ch in self._chunks]) for c in STEP_COLUMNS}
+        events = [ev for ev, _ in self._chunks]
+        ranks = [r for _, r in self._chunks]
+        steps = np.array([len(ev.step_index) for ev in events], dtype=np.int64)
+        width = np.array([len(r) for r in ranks], dtype=np.int64)
+        rows = steps * width  # table rows of each chunk, step by step, rank by rank
+        per_step = np.repeat(width, steps)  # rows of each step
+        # each row's rank: the chunk's ranks, tiled over its steps
+        chunk_start = np.cumsum(rows) - rows
+        rank_start = np.cumsum(width) - width
+        pos = np.arange(rows.sum()) - np.repeat(chunk_start, rows)
+        rank_idx = np.repeat(rank_start, rows) + pos % np.repeat(width, rows)
+        totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
+
+        same_width = bool((width == width[0]).all())
+
+        def steps_col(field):
+            col = np.concatenate([getattr(ev, field) for ev in events])
+            return col if same_width and width[0] == 1 else np.repeat(col, per_step)
+
+        def ranks_col(field):
+            if same_width:  # (steps, ranks) blocks stacked: rows in the same order
+                return np.concatenate([getattr(ev, field) for ev in events]).reshape(-1)
+            return np.concatenate([getattr(ev, field).reshape(-1) for ev in events])
+
+        cols = {"step": steps_col("step_index"),
+                "instance": np.repeat(np.array([ev.instance for ev in events]), rows),
+                "rank": np.concatenate(ranks)[rank_idx],
+                "start_s": steps_col("start"), "duration_s": steps_col("duration")}
+        cols.update({c: ranks_col(f) for c, f in self._PER_RANK.items()})
+        cols["kv_usage"] = cols["kv_used_blocks"] / totals[rank_idx]
+        for c in ("persistent_kv_bytes", "temporary_kv_bytes"):
+            cols[c] = np.asarray(cols[c], dtype=float)
+        cols = {c: cols[c] for c in STEP_COLUMNS}
         return pd.DataFrame(cols).sort_values(["start_s", "rank"], kind="stable",
                                               ignore_index=True)
 
@@ -83,6 +108,8 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
     rows = []
     for r in requests:
         itl = np.asarray(r.itl, dtype=float)
+        # (one call for both: the same interpolation, element by element)
+        p50, p90 = np.percentile(itl, (50, 90)) if len(itl) else (np.nan, np.nan)
         done = r.finish_s is not None
         ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
         e2el = r.finish_s - r.arrival_s if done else np.nan
@@ -101,8 +128,7 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
             "itl_mean_s": itl.mean() if len(itl) else np.nan,
-            "itl_p50_s": np.percentile(itl, 50) if len(itl) else np.nan,
-            "itl_p90_s": np.percentile(itl, 90) if len(itl) else np.nan,
+            "itl_p50_s": p50, "itl_p90_s": p90,
             "itl_max_s": itl.max() if len(itl) else np.nan,
             "preemptions": r.num_preemptions, "completed": done,
         })

@@ -44,7 +44,7 @@ import numpy as np
 
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
-from labkit.engine.sim.memo import ExactMemo, broadcast_rows, first_rows, no_memo, uniform_rows
+from labkit.engine.sim.memo import ExactMemo, no_memo, one_row
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
@@ -80,6 +80,13 @@ class LayerStepModel:
         self.moe_layers = m.num_moe_layers / pp
         self.dense_layers = m.num_dense_mlp_layers / pp
         self.heads = m.num_heads / lay.tp  # query heads a TP rank owns
+        # the placement's figures the step reads (a frozen placement: fixed)
+        self.kv_heads = placement.kv_heads_per_gpu
+        self.dcp_heads = placement.dcp_heads_per_gpu
+        self.kv_per_layer = placement.kv_bytes_per_token_per_layer_per_gpu()
+        # prefill chunks gather the whole KV (PCP, or DCP on an MLA model; see Placement)
+        self.gathered = lay.pcp > 1 or placement.gathers_prefix_for_prefill()
+        self.has_drafts = bool(num_speculative_tokens and m.num_mtp_modules)
         self.overheads = overheads
         self.moe_routing = moe_routing
         # the busiest EP rank's load factor against routed tokens (None: always 1)
@@ -113,12 +120,14 @@ class LayerStepModel:
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
-        mode, padded = self._graphs(work, lockstep)
-        stage_compute, stage_comm, tokens = self._stage(work, lockstep, 1.0, padded)
-        t_dec = np.where(work.idle & lockstep, 1, work.decode_tokens)
-        rows = work.num_prefill_reqs + t_dec
-        extra = self._piece("lm_head", self._lm_head, rows) + \
-            self._piece("drafts", self._drafts, work.num_decode_reqs)
+        counts = self._counts(work)
+        mode, padded = self._graphs(counts, lockstep)
+        stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded)
+        t_dec = np.where(counts.idle & lockstep, 1, counts.decode_tokens)
+        rows = counts.num_prefill_reqs + t_dec
+        drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
+            if self.has_drafts else 0.0
+        extra = self._piece("lm_head", self._lm_head, rows) + drafts
         if pp == 1:
             compute, comm = stage_compute + extra, stage_comm
         else:
@@ -126,10 +135,11 @@ class LayerStepModel:
             # one: it costs one stage. A step that decodes needs the previous step's
             # sampled tokens: its batch goes through as M micro-batches (one per request,
             # at most pp), taking (M + pp - 1) micro-batch stage times, bubbles included.
-            pipelined = work.num_decode_reqs.sum(axis=1, keepdims=True) == 0
-            micro = np.clip(work.num_reqs, 1, pp)
+            pipelined = counts.num_decode_reqs.sum(axis=1, keepdims=True) == 0
+            micro = np.clip(counts.num_prefill_reqs + counts.num_decode_reqs, 1, pp)
             mb_padded = None if padded is None else padded / micro
-            mb_compute, mb_comm, mb_tokens = self._stage(work, lockstep, micro, mb_padded)
+            mb_compute, mb_comm, mb_tokens = self._stage(work, counts, lockstep, micro,
+                                                         mb_padded)
             slots = micro + pp - 1
             hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(tokens), "nvlink")
             mb_hand_off = self.ops.p2p(self.placement.pp_p2p_bytes(mb_tokens), "nvlink")
@@ -137,8 +147,7 @@ class LayerStepModel:
             comm = np.where(pipelined, stage_comm + hand_off,
                             slots * mb_comm + (slots - 1) * mb_hand_off)
         shape = work.prefill_tokens.shape
-        compute = np.broadcast_to(compute, shape).astype(float)
-        comm = np.broadcast_to(comm, shape).astype(float)
+        compute, comm = _full(compute, shape), _full(comm, shape)
         busy = compute + comm
         if self.overheads is not None:
             o = self.overheads
@@ -149,35 +158,43 @@ class LayerStepModel:
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
                           temporary_kv_bytes=self._temporary_kv(work))
 
-    def _graphs(self, work: StepWork, lockstep: bool):
+    def _counts(self, work: StepWork) -> _Counts:
+        """The token counts of the step, which is all the memoised pieces read: for a
+        run whose steps all see the same counts, one (1, ranks) row of them, so the
+        pieces are computed (and remembered) for one step and the sums they enter
+        broadcast them to the run's k steps (`memo.one_row`). Without the memo, the
+        whole arrays (`labkit bench sim` compares the two)."""
+        counts = (work.prefill_tokens, work.decode_tokens, work.num_prefill_reqs,
+                  work.num_decode_reqs, work.idle)
+        return _Counts(*(counts if self.memo is no_memo else one_row(counts)))
+
+    def _graphs(self, counts, lockstep: bool):
+        """(graph mode, padded tokens) of the step (`counts`: a _Counts or StepWork)."""
         if self.overheads is None:
             return None, None
-        return self._piece("graphs", self._graphs_of, lockstep, work.prefill_tokens,
-                           work.decode_tokens, work.num_prefill_reqs, work.num_decode_reqs,
-                           work.idle)
+        return self._piece("graphs", self._graphs_of, lockstep, counts.prefill_tokens,
+                           counts.decode_tokens, counts.num_prefill_reqs,
+                           counts.num_decode_reqs, counts.idle)
 
     def _graphs_of(self, lockstep: bool, *counts):
         return self.overheads.graphs(_Counts(*counts), lockstep, self.layout.pcp, self.width)
 
     def _piece(self, name: str, fn, *args):
-        """fn(*args), a pure piece of the step, through the memo; for a run's steps
-        that all see the same counts, computed for one step and broadcast."""
-        k = uniform_rows(args) if self.memo is not no_memo else 0
-        if k:
-            one = first_rows(args)
-            return broadcast_rows(self.memo(name, one, lambda: fn(*one)), k)
+        """fn(*args), a pure piece of the step (a function of its counts), through the
+        memo."""
         return self.memo(name, args, lambda: fn(*args))
 
-    def _stage(self, work: StepWork, lockstep: bool, split, padded=None):
+    def _stage(self, work: StepWork, counts: _Counts, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
         the step's work (a micro-batch); also the tokens through one GPU. `padded`:
         the tokens a CUDA graph runs through the GEMMs, padding included."""
         lay = self.layout
         if not np.all(np.asarray(split) == 1):
             work = _share(work, split)
-        dummy = work.idle if lockstep else np.zeros_like(work.idle)
-        t_dec = np.where(dummy, 1, work.decode_tokens)
-        t_pre = work.prefill_tokens
+            counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
+        dummy = counts.idle if lockstep else np.zeros_like(counts.idle)
+        t_dec = np.where(dummy, 1, counts.decode_tokens)
+        t_pre = counts.prefill_tokens
         tokens = t_pre / lay.pcp + t_dec  # through this GPU's dense GEMMs
         # tokens the MoE kernel of one GPU sees routed: an EP group spans the replica
         # (or, in lockstep, every DP rank); sliced experts see this GPU's tokens
@@ -211,8 +228,7 @@ class LayerStepModel:
         # DCP runs attention over token shards (gather queries, merge partial outputs)
         # for decode, and for prefill unless the chunk gathers the KV instead
         p, ops = self.placement, self.ops
-        gathered = self.layout.pcp > 1 or p.gathers_prefix_for_prefill()
-        sharded = t_dec if gathered else tokens
+        sharded = t_dec if self.gathered else tokens
         collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
                                        _prefill_prefix(work), sharded)
         for op, nbytes, n in collectives.values():
@@ -237,7 +253,7 @@ class LayerStepModel:
                 proj = proj + ops.gemm(tokens, m.index_num_heads * m.index_head_dim, q_in, w)
                 proj = proj + ops.gemm(tokens, m.index_head_dim + m.index_num_heads, h, w)
         else:
-            kv_heads = self.placement.kv_heads_per_gpu
+            kv_heads = self.kv_heads
             proj = ops.gemm(tokens, (heads + 2 * kv_heads) * m.head_dim, h, w)
             proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
         return proj
@@ -246,11 +262,13 @@ class LayerStepModel:
         m, lay, ops = self.model, self.layout, self.ops
         b = work.num_decode_reqs
         busy = b > 0
+        if not busy.any():  # a prefill-only step (what np.where below would give)
+            return np.zeros(b.shape)
         safe_b = np.maximum(b, 1)
         ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
         if window:  # the mean context, capped (exact when all are past the window)
             ctx = np.minimum(ctx, window)
-        heads = self.placement.dcp_heads_per_gpu  # ...for every head sharing the shard
+        heads = self.dcp_heads  # ...for every head sharing the shard
         if m.has_indexer:
             topk = np.minimum(ctx * lay.dcp, m.index_topk) / lay.dcp
             t = ops.sparse_attention(safe_b, self.width, np.maximum(topk, 1), heads,
@@ -262,7 +280,7 @@ class LayerStepModel:
                                m.qk_rope_head_dim, self.kv_dtype, query_len=self.width)
         else:
             t = ops.attention_decode(safe_b, np.maximum(ctx, 1), heads,
-                                     self.placement.kv_heads_per_gpu, m.head_dim, self.kv_dtype)
+                                     self.kv_heads, m.head_dim, self.kv_dtype)
         return np.where(busy, t, 0.0)
 
     def _prefill_core(self, work: StepWork, window: int = 0):
@@ -275,10 +293,9 @@ class LayerStepModel:
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
         # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
         # for their queries; otherwise DCP ranks attend over their own shards
-        gathered = lay.pcp > 1 or self.placement.gathers_prefix_for_prefill()
-        shard = 1 if gathered else lay.dcp
+        shard = 1 if self.gathered else lay.dcp
         prefix = (ctx + (new - queries) / 2) / shard
-        heads = self.placement.dcp_heads_per_gpu if shard > 1 else self.heads
+        heads = self.dcp_heads if shard > 1 else self.heads
         q = np.maximum(queries, 1)
         if m.has_indexer:
             topk = np.minimum(ctx + new / 2, m.index_topk) / shard
@@ -295,7 +312,7 @@ class LayerStepModel:
             t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
                              m.kv_lora_rank, "bf16")
         else:
-            t = ops.attention_prefill(1, q, prefix, heads, self.placement.kv_heads_per_gpu,
+            t = ops.attention_prefill(1, q, prefix, heads, self.kv_heads,
                                       m.head_dim, self.kv_dtype)
         return _sum_chunks(work, t)
 
@@ -313,7 +330,7 @@ class LayerStepModel:
         t = t + ops.gemm(rows, m.v_head_dim, m.kv_lora_rank, "bf16")
         if self.kv_dtype == "fp8":
             latent = m.kv_lora_rank + m.qk_rope_head_dim
-            nbytes = kv_tokens * (self.placement.kv_bytes_per_token_per_layer_per_gpu()
+            nbytes = kv_tokens * (self.kv_per_layer
                                   + 2.0 * latent)
             t = t + nbytes / (ops.hardware.hbm_bandwidth * ops.params.mla.memory_eff)
         return t
@@ -328,7 +345,7 @@ class LayerStepModel:
         pieces = new / np.maximum(piece, 1)
         prefix = np.where(new > window, window, np.minimum(ctx, window))
         t = pieces * ops.attention_prefill(1, np.maximum(piece, 1), prefix, self.heads,
-                                           self.placement.kv_heads_per_gpu, m.head_dim,
+                                           self.kv_heads, m.head_dim,
                                            self.kv_dtype)
         return _sum_chunks(work, t)
 
@@ -383,7 +400,7 @@ class LayerStepModel:
 
     def _drafts(self, decode_reqs):
         """MTP: each draft token is one more pass of the MTP layer and the LM head."""
-        if not self.drafts or not self.model.num_mtp_modules:
+        if not self.has_drafts:
             return 0.0
         m, w = self.model, self.wdtype
         rows = np.maximum(decode_reqs, 1)
@@ -398,7 +415,7 @@ class LayerStepModel:
 
     def _temporary_kv(self, work: StepWork):
         lay, p = self.layout, self.placement
-        per_layer = p.kv_bytes_per_token_per_layer_per_gpu()
+        per_layer = self.kv_per_layer
         if lay.pcp > 1 and lay.dcp > 1:
             prefill_kv = work.kv_read_tokens - (work.decode_context + work.decode_tokens)
             return prefill_kv * per_layer
@@ -421,9 +438,20 @@ def _share(work: StepWork, split) -> StepWork:
 def _sum_chunks(work: StepWork, seconds) -> np.ndarray:
     """Per-chunk times (`prefill_chunks` order) summed per rank, for 1/chunk_share."""
     rank = work.prefill_chunks[0]
-    per_rank = np.zeros(work.prefill_tokens.shape[1])
-    np.add.at(per_rank, rank, np.broadcast_to(seconds, rank.shape))
+    # bincount adds the chunks in order into zeros, as np.add.at would, in one C loop
+    per_rank = np.bincount(rank, weights=np.broadcast_to(seconds, rank.shape),
+                           minlength=work.prefill_tokens.shape[1])
     return per_rank[None, :] / work.chunk_share
+
+
+def _full(x, shape) -> np.ndarray:
+    """x as a float array of `shape` (x itself when it already is one: the step's sums
+    are new arrays, never the memo's)."""
+    if type(x) is np.ndarray and x.shape == shape and x.dtype == np.float64:
+        return x
+    if type(x) is float:  # no collectives: 0.0
+        return np.full(shape, x)
+    return np.broadcast_to(x, shape).astype(float)
 
 
 def _prefill_prefix(work: StepWork):

@@ -16,9 +16,10 @@ write into them (the step model only builds new arrays from them).
 
 A fast-forwarded run asks for k steps at once, (k, ranks) arrays whose rows differ
 only in the contexts; the token counts the pieces see are the same in every row. Keyed
-on the whole arrays, every run length would be a new entry; `uniform_rows` spots such
-inputs, so the piece is computed (and remembered) for one row and broadcast to k
-(`broadcast_rows`) — the same values, as every piece treats steps independently.
+on the whole arrays, every run length would be a new entry; `one_row` spots such
+inputs, so the piece is computed (and remembered) for one row, and the caller lets
+numpy broadcast that row against the run's other (k, ranks) arrays — the same values,
+as every piece treats steps independently.
 """
 
 from __future__ import annotations
@@ -57,30 +58,22 @@ def no_memo(name: str, inputs: tuple, compute):
 
 def _key(x):
     if isinstance(x, np.ndarray):
-        return x.dtype.str, x.shape, x.tobytes()
+        return x.dtype, x.shape, x.tobytes()  # (dtypes compare and hash by value)
     return x
 
 
-def uniform_rows(args: tuple) -> int:
-    """k if every array among args is (k, n) with k > 1 and all its rows equal, else 0."""
-    k = 0
+def one_row(args: tuple) -> tuple:
+    """args with every array cut to its first row, if each is (k, n) with all k rows
+    equal (one row counts too: it broadcasts as it stands); else args unchanged."""
+    cut = False
     for a in args:
         if isinstance(a, np.ndarray):
-            if a.ndim != 2 or a.shape[0] < 2 or (k and a.shape[0] != k) or \
-                    not (a == a[0]).all():
-                return 0
-            k = a.shape[0]
-    return k
-
-
-def first_rows(args: tuple) -> tuple:
+            if a.ndim != 2:
+                return args
+            if a.shape[0] > 1:
+                if not (a == a[0]).all():
+                    return args
+                cut = True
+    if not cut:
+        return args
     return tuple(a[:1] if isinstance(a, np.ndarray) else a for a in args)
-
-
-def broadcast_rows(value, k: int):
-    """A value computed for one row, as computed for k equal rows (read-only views)."""
-    if isinstance(value, tuple):
-        return tuple(broadcast_rows(v, k) for v in value)
-    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == 1:
-        return np.broadcast_to(value, (k, *value.shape[1:]))
-    return value

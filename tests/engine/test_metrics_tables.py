@@ -1,0 +1,95 @@
+"""How the tables are built, checked against plain references: StepRecorder's steps
+table (built from the StepsCompleted chunks at the end) against one written row by row
+from the events; request rows' ITL percentiles (two in one numpy call) against one call
+each."""
+
+import numpy as np
+import pandas as pd
+
+from labkit.engine.events import EventBus, StepsCompleted
+from labkit.engine.metrics import STEP_COLUMNS, StepRecorder
+
+
+def _event(rng, instance, ranks, first_step, t0):
+    k, r = int(rng.integers(0, 5)), len(ranks)
+    ints = lambda: rng.integers(0, 50, size=(k, r))  # noqa: E731
+    busy = rng.random((k, r))
+    duration = busy.max(axis=1) if k else np.zeros(0)
+    # starts on a coarse grid, so different instances share start times (sort ties)
+    start = t0 + np.round(rng.random(k) * 4) / 4
+    used = ints()
+    return StepsCompleted(
+        t=float(t0), instance=instance, ranks=list(ranks),
+        step_index=np.arange(first_step, first_step + k), start=start, duration=duration,
+        busy=busy, stall=duration[:, None] - busy, compute=busy * 0.7, comm=busy * 0.2,
+        num_prefill_reqs=ints(), num_decode_reqs=ints(), prefill_tokens=ints(),
+        decode_tokens=ints(), kv_used_blocks=used,
+        kv_total_blocks=rng.integers(50, 100, size=r),
+        persistent_kv_bytes=used * 4096,  # ints, as the engine emits them
+        temporary_kv_bytes=rng.random((k, r)) if rng.random() < 0.5 else np.zeros((k, r)))
+
+
+def _naive(events) -> pd.DataFrame:
+    rows = []
+    for ev in events:
+        for i in range(len(ev.step_index)):
+            for j, rank in enumerate(ev.ranks):
+                rows.append({
+                    "step": ev.step_index[i], "instance": ev.instance, "rank": rank,
+                    "start_s": ev.start[i], "duration_s": ev.duration[i],
+                    "busy_s": ev.busy[i, j], "compute_s": ev.compute[i, j],
+                    "comm_s": ev.comm[i, j], "stall_s": ev.stall[i, j],
+                    "num_prefill_reqs": ev.num_prefill_reqs[i, j],
+                    "num_decode_reqs": ev.num_decode_reqs[i, j],
+                    "prefill_tokens": ev.prefill_tokens[i, j],
+                    "decode_tokens": ev.decode_tokens[i, j],
+                    "kv_used_blocks": ev.kv_used_blocks[i, j],
+                    "kv_usage": ev.kv_used_blocks[i, j] / ev.kv_total_blocks[j],
+                    "persistent_kv_bytes": float(ev.persistent_kv_bytes[i, j]),
+                    "temporary_kv_bytes": float(ev.temporary_kv_bytes[i, j])})
+    table = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    return table.sort_values(["start_s", "rank"], kind="stable", ignore_index=True)
+
+
+def test_steps_table_equals_a_row_by_row_one():
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        # instances of 1 to 4 ranks (numbered across the deployment)
+        layout, rank = [], 0
+        for _ in range(int(rng.integers(1, 5))):
+            width = int(rng.integers(1, 5))
+            layout.append(list(range(rank, rank + width)))
+            rank += width
+        bus = EventBus()
+        recorder = StepRecorder(bus)
+        events, next_step = [], [0] * len(layout)
+        for n in range(int(rng.integers(1, 30))):
+            i = int(rng.integers(0, len(layout)))
+            ev = _event(rng, i, layout[i], next_step[i], float(n))
+            next_step[i] += len(ev.step_index)
+            bus.emit(ev)
+            events.append(ev)
+        got, want = recorder.frame(), _naive(events)
+        assert list(got.columns) == STEP_COLUMNS
+        for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
+            assert got[c].to_numpy().tobytes() == \
+                want[c].to_numpy(dtype=got[c].dtype).tobytes(), (seed, c)
+        ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
+                "prefill_tokens", "decode_tokens", "kv_used_blocks"}
+        assert all(got[c].dtype == (np.int64 if c in ints else np.float64)
+                   for c in STEP_COLUMNS)
+        assert len(got) == len(want) == sum(ev.busy.size for ev in events)
+
+
+def test_no_steps_gives_the_empty_table():
+    frame = StepRecorder(EventBus()).frame()
+    assert list(frame.columns) == STEP_COLUMNS and len(frame) == 0
+
+
+def test_itl_percentiles_in_one_call_equal_one_call_each():
+    rng = np.random.default_rng(0)
+    for n in [1, 2, 3, 4, 5, 7, 10, 11, 64, 99, 100, 101, 1000] * 20:
+        itl = rng.exponential(0.02, size=n) * rng.choice([1e-3, 1.0, 1e3])
+        both = np.percentile(itl, (50, 90))
+        one_each = [np.percentile(itl, 50), np.percentile(itl, 90)]
+        assert both.tobytes() == np.array(one_each).tobytes()
