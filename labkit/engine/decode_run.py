@@ -21,8 +21,9 @@ a run — an arrival being routed — first calls `sync(t)`, which plays the run
 and cuts it after the step in progress, so the newcomer is scheduled in the next step
 just as it would have been. The run also stops at the first step that finishes a
 request, before the next known arrival, and where the pool would run out of blocks.
-A fast-forwarded replay is identical to a step-by-step one, bit for bit;
-`tests/engine/test_fast_forward.py` checks exactly that.
+A rank's KV work in a playback is done in one batch where that is exact
+(`kv/batch_play.py`). A fast-forwarded replay is identical to a step-by-step one, bit
+for bit; `tests/engine/test_fast_forward.py` checks exactly that.
 """
 
 from __future__ import annotations
@@ -31,11 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.engine.kv.batch_play import play_run_in_batches
 from labkit.engine.step_work import StepWork
-
-# a rank's KV work in a playback is done in one batch from this many calls on (below,
-# one batch costs more than the calls)
-BATCH_EVENTS = 6
 
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
@@ -94,7 +92,7 @@ class DecodeRun:
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
         fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
-        left = self._play_in_batches(first, alloc_stop, before, after, fills, ends)
+        left = play_run_in_batches(self, first, alloc_stop, before, after, fills, ends)
         if left:
             self._play_in_order(first, alloc_stop, before, after, fills, ends, left)
         self.allocated = alloc_stop
@@ -126,64 +124,6 @@ class DecodeRun:
                 scheduler.kv.set_time(float(ends[j]))
                 scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
-
-    def _play_in_batches(self, first: int, alloc_stop: int, before, after, fills,
-                         ends) -> list:
-        """The same KV work a rank at a time: one pool allocation for all the blocks
-        the rank's requests take, one registration of all the blocks they fill
-        (`KVManager.play_batch`). Ranks have their own pools, so their order does not
-        matter; within a rank the free queue hands out the same blocks in the same
-        order whatever registrations come in between. Returns the requests (rows of
-        `pairs`) left to play call by call: those of ranks with a call or two only
-        (a batch would cost more), or where the rank cannot tell that a batch gives
-        the same result (`plays_in_batches`, `plan_batch`)."""
-        start = self.allocated
-        calls = self.kv_calls[:, start:alloc_stop]
-        per_request = calls.sum(axis=1) + fills.sum(axis=1)
-        active = np.flatnonzero(per_request).tolist()
-        by_rank: dict = {}  # scheduler -> positions in `active` of its requests
-        for local, i in enumerate(active):
-            by_rank.setdefault(self.pairs[i][0], []).append(local)
-        left = []
-        rows = np.array(active, dtype=np.int64)
-        events = per_request[rows]
-        batched = []
-        for scheduler, local in by_rank.items():
-            if events[local].sum() < BATCH_EVENTS or not scheduler.kv.plays_in_batches():
-                left += [active[j] for j in local]
-            else:
-                batched += local
-        if not batched:
-            return left
-        # blocks request i takes when step j starts, as `KVManager.allocate` would find
-        # them: its slots (tokens so far + width) over the table it holds by then
-        kv0 = self.pairs[active[0]][0].kv
-        have = np.array([self.pairs[i][0].kv.tables[self.pairs[i][1].request_id].n
-                         for i in active], dtype=np.int64)
-        slots = before[rows, None] + self.cum[None, start:alloc_stop] - self.cum[first] \
-            + self.width
-        need = np.where(calls[rows], -(-slots // kv0.block_size), 0)
-        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-        counts = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)
-        # a request's blocks registered: those full after its last step that fills one
-        tokens = np.where(fills[rows].any(axis=1), after[rows, -1] if after.shape[1] else 0, -1)
-        # the time stamp the rank's pool is left with: its last event's (register at
-        # boundary j + 1 = ends[j], allocate at boundary j = start[j], register first)
-        last_alloc = _last(calls[rows]) + start
-        last_fill = _last(fills[rows]) + first + 1
-        committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
-        for scheduler, local in by_rank.items():
-            if local[0] not in batched:
-                continue
-            reqs = [self.pairs[active[j]][1] for j in local]
-            plan = scheduler.kv.plan_batch(reqs, counts[local], committed, tokens[local])
-            if plan is None:
-                left += [active[j] for j in local]
-                continue
-            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
-            scheduler.kv.play_batch(plan)
-            scheduler.kv.set_time(float(self.start[la]) if la >= lf else float(ends[lf - 1]))
-        return sorted(left)
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, requests) arrays for steps [first, stop) of the latest playback:
@@ -314,14 +254,6 @@ def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now:
 def _fields(timing) -> tuple:
     return (timing.busy, timing.compute, timing.comm, timing.duration,
             timing.temporary_kv_bytes)
-
-
-def _last(mask: np.ndarray) -> np.ndarray:
-    """Per row, the index of its last True (a large negative number if none)."""
-    if mask.shape[1] == 0:
-        return np.full(len(mask), -(1 << 40), dtype=np.int64)
-    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
-    return np.where(mask.any(axis=1), last, -(1 << 40))
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
