@@ -170,11 +170,16 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
     steps past the horizon is not computed."""
-    pairs = [(s, r) for s in schedulers for r in s.running if not s.on_the_wire(r)]
+    pairs, rank_of, landing = [], [], np.inf
+    for rank, s in enumerate(schedulers):
+        for r in s.running:
+            if s.on_the_wire(r):
+                landing = min(landing, r.kv_ready_s)
+            else:
+                pairs.append((s, r))
+                rank_of.append(rank)
     if not pairs:
         return None
-    landing = min((r.kv_ready_s for s in schedulers for r in s.running if s.on_the_wire(r)),
-                  default=np.inf)
     if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
@@ -186,7 +191,6 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
 
     # Blocks each request must hold during step j: its slots are computed + width.
-    rank_of = np.array([schedulers.index(s) for s, _ in pairs])
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
     block_size = schedulers[0].kv.block_size
@@ -200,8 +204,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None  # a window page is shared: its release is not ours to plan
         pages = schedulers[0].kv.window.pages_per_block
         net, calls = new * (1 + pages) - slid * pages, calls | (slid > 0)
-    per_rank = np.zeros((k, len(schedulers)), dtype=np.int64)
-    np.add.at(per_rank, (slice(None), rank_of), net.T)
+    per_rank = _rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
     fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
@@ -210,13 +213,10 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
-    counts = np.zeros(len(schedulers), dtype=np.int64)
-    base = np.zeros(len(schedulers), dtype=np.int64)
-    np.add.at(counts, rank_of, 1)
-    np.add.at(base, rank_of, computed)
-    timing = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now, horizon,
-                          step_guess_s)
-    work = decode_work(counts, base, cum[: len(timing.duration)], width)
+    counts = np.bincount(rank_of, minlength=len(schedulers)).astype(np.int64)
+    base = _rank_sums(computed, rank_of, len(schedulers))
+    timing, work = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now,
+                                horizon, step_guess_s)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -234,21 +234,34 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
 def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now: float,
                  horizon: float, step_guess_s: float):
     """The cost of the decode steps `cum` describes, or of a first part of them that
-    ends at or after the horizon (what lies beyond is cut from the run anyway). The
-    part is sized from a recent step's duration; if it falls short of the horizon,
-    the rest is costed too. A step's cost depends on its own row of the work alone,
-    so the two parts are the rows of the whole."""
+    ends at or after the horizon (what lies beyond is cut from the run anyway), and
+    the StepWork of the steps costed. The part is sized from a recent step's
+    duration; if it falls short of the horizon, the rest is costed too. A step's cost
+    depends on its own row of the work alone, so the two parts are the rows of the
+    whole."""
     k = len(cum)
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    timing = cost_model.step_timing(decode_work(counts, base, cum[:first], width), lockstep)
+    work = decode_work(counts, base, cum[:first], width)
+    timing = cost_model.step_timing(work, lockstep)
     # as plan_decode_run finds the steps' ends (same sums, same rounding)
     if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
-        return timing
+        return timing, work
     rest = cost_model.step_timing(decode_work(counts, base, cum[first:], width), lockstep)
-    return type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
-                                                                 _fields(rest))))
+    timing = type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
+                                                                   _fields(rest))))
+    return timing, decode_work(counts, base, cum, width)
+
+
+def _rank_sums(values: np.ndarray, rank_of: list, ranks: int) -> np.ndarray:
+    """values summed over the requests of each rank (the last axis: requests -> ranks);
+    integer sums, so the order of the additions does not matter."""
+    if ranks == 1:
+        return values.sum(axis=-1, keepdims=True)
+    out = np.zeros(values.shape[:-1] + (ranks,), dtype=values.dtype)
+    np.add.at(out, (..., np.asarray(rank_of)), values)
+    return out
 
 
 def _fields(timing) -> tuple:
@@ -273,15 +286,16 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
     """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
     ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
     zeros = np.zeros_like(ctx)
+    k = len(cum)
     return StepWork(
         prefill_tokens=zeros,
-        decode_tokens=np.broadcast_to(counts * width, ctx.shape).copy(),
+        decode_tokens=np.repeat((counts * width)[None, :], k, axis=0),
         num_prefill_reqs=zeros,
-        num_decode_reqs=np.broadcast_to(counts, ctx.shape).copy(),
+        num_decode_reqs=np.repeat(counts[None, :], k, axis=0),
         kv_read_tokens=ctx + counts[None, :] * width,
         prefill_pairs=zeros,
         decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
-        idle=np.broadcast_to(counts == 0, ctx.shape).copy(),
+        idle=np.repeat((counts == 0)[None, :], k, axis=0),
         decode_context=ctx,
     )
 

@@ -121,58 +121,58 @@ def play_run_in_batches(run, first: int, alloc_stop: int, before, after, fills,
     `before`, `after`, `fills` as there), a rank at a time. Returns the requests (rows
     of `run.pairs`) left to play call by call: those of ranks with few calls, or where
     the rank cannot tell that a batch gives the same result."""
-    pairs = run.pairs
     start = run.allocated
     calls = run.kv_calls[:, start:alloc_stop]
     per_request = calls.sum(axis=1) + fills.sum(axis=1)
-    active = np.flatnonzero(per_request).tolist()
-    by_rank: dict = {}  # scheduler -> positions in `active` of its requests
-    for local, i in enumerate(active):
-        by_rank.setdefault(pairs[i][0], []).append(local)
-    left = []
-    rows = np.array(active, dtype=np.int64)
-    events = per_request[rows]
-    batched = []
-    for scheduler, local in by_rank.items():
-        if events[local].sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv):
-            left += [active[j] for j in local]
-        else:
-            batched += local
-    if not batched:
-        return left
-    # blocks request i takes when step j starts, as `KVManager.allocate` would find
-    # them: its slots (tokens so far + width) over the table it holds by then
-    kv0 = pairs[active[0]][0].kv
-    have = np.array([pairs[i][0].kv.tables[pairs[i][1].request_id].n for i in active],
-                    dtype=np.int64)
-    slots = before[rows, None] + run.cum[None, start:alloc_stop] - run.cum[first] + run.width
-    need = np.where(calls[rows], -(-slots // kv0.block_size), 0)
-    held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-    counts = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)
-    # a request's blocks registered: those full after its last step that fills one
-    tokens = np.where(fills[rows].any(axis=1), after[rows, -1] if after.shape[1] else 0, -1)
-    # the time stamp the rank's pool is left with: its last event's (register at
-    # boundary j + 1 = ends[j], allocate at boundary j = start[j], register first)
-    last_alloc = _last(calls[rows]) + start
-    last_fill = _last(fills[rows]) + first + 1
+    # slots (tokens so far + width) of each request when each step starts, less `before`
+    offset = run.cum[start:alloc_stop] - run.cum[first] + run.width
     committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
-    for scheduler, local in by_rank.items():
-        if local[0] not in batched:
+    left = []
+    for scheduler, lo, hi in _ranks(run.pairs):
+        active = per_request[lo:hi]
+        if active.sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv):
+            left += (lo + np.flatnonzero(active)).tolist()
             continue
-        reqs = [pairs[active[j]][1] for j in local]
-        plan = plan_batch(scheduler.kv, reqs, counts[local], committed, tokens[local])
+        # (a request without calls takes nothing and registers nothing: it may stay in)
+        kv, reqs = scheduler.kv, [r for _, r in run.pairs[lo:hi]]
+        rank_calls, rank_fills = calls[lo:hi], fills[lo:hi]
+        # blocks request i takes when step j starts, as `KVManager.allocate` would find
+        # them: its slots over the table it holds by then
+        have = np.array([kv.tables[r.request_id].n for r in reqs], dtype=np.int64)
+        slots = before[lo:hi, None] + offset[None, :]
+        need = np.where(rank_calls, -(-slots // kv.block_size), 0)
+        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+        counts = np.diff(held, axis=1, prepend=have[:, None])
+        # a request's blocks registered: those full after its last step that fills one
+        filled = rank_fills.any(axis=1)
+        tokens = np.where(filled, after[lo:hi, -1] if after.shape[1] else 0, -1)
+        plan = plan_batch(kv, reqs, counts, committed, tokens)
         if plan is None:
-            left += [active[j] for j in local]
+            left += (lo + np.flatnonzero(active)).tolist()
             continue
-        la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
-        play_batch(scheduler.kv, plan)
-        scheduler.kv.set_time(float(run.start[la]) if la >= lf else float(ends[lf - 1]))
+        play_batch(kv, plan)
+        # the time stamp the pool is left with: its last event's (register at boundary
+        # j + 1 = ends[j], allocate at boundary j = start[j], register first)
+        la = _last(rank_calls.any(axis=0)) + start
+        lf = _last(rank_fills.any(axis=0)) + first + 1
+        kv.set_time(float(run.start[la]) if la >= lf else float(ends[lf - 1]))
     return sorted(left)
 
 
-def _last(mask: np.ndarray) -> np.ndarray:
-    """Per row, the index of its last True (a large negative number if none)."""
-    if mask.shape[1] == 0:
-        return np.full(len(mask), -(1 << 40), dtype=np.int64)
-    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
-    return np.where(mask.any(axis=1), last, -(1 << 40))
+def _ranks(pairs) -> list:
+    """(scheduler, lo, hi): the rows of each rank's requests (`pairs` lists them a rank
+    at a time)."""
+    out = []
+    for i, (scheduler, _) in enumerate(pairs):
+        if out and out[-1][0] is scheduler:
+            out[-1][2] = i + 1
+        else:
+            out.append([scheduler, i, i + 1])
+    return out
+
+
+def _last(mask: np.ndarray) -> int:
+    """The index of the last True of a 1-d mask (a large negative number if none)."""
+    if not mask.any():
+        return -(1 << 40)
+    return len(mask) - 1 - int(np.argmax(mask[::-1]))
