@@ -21,8 +21,9 @@ a run — an arrival being routed — first calls `sync(t)`, which plays the run
 and cuts it after the step in progress, so the newcomer is scheduled in the next step
 just as it would have been. The run also stops at the first step that finishes a
 request, before the next known arrival, and where the pool would run out of blocks.
-A fast-forwarded replay is identical to a step-by-step one, bit for bit;
-`tests/engine/test_fast_forward.py` checks exactly that.
+A rank's KV work in a playback is done in one batch where that is exact
+(`kv/batch_play.py`). A fast-forwarded replay is identical to a step-by-step one, bit
+for bit; `tests/engine/test_fast_forward.py` checks exactly that.
 """
 
 from __future__ import annotations
@@ -31,11 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.engine.kv.batch_play import play_run_in_batches
 from labkit.engine.step_work import StepWork
-
-# a rank's KV work in a playback is done in one batch from this many calls on (below,
-# one batch costs more than the calls)
-BATCH_EVENTS = 6
 
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
@@ -94,7 +92,7 @@ class DecodeRun:
             self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
         full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
         fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
-        left = self._play_in_batches(first, alloc_stop, before, after, fills, ends)
+        left = play_run_in_batches(self, first, alloc_stop, before, after, fills, ends)
         if left:
             self._play_in_order(first, alloc_stop, before, after, fills, ends, left)
         self.allocated = alloc_stop
@@ -126,64 +124,6 @@ class DecodeRun:
                 scheduler.kv.set_time(float(ends[j]))
                 scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
-
-    def _play_in_batches(self, first: int, alloc_stop: int, before, after, fills,
-                         ends) -> list:
-        """The same KV work a rank at a time: one pool allocation for all the blocks
-        the rank's requests take, one registration of all the blocks they fill
-        (`KVManager.play_batch`). Ranks have their own pools, so their order does not
-        matter; within a rank the free queue hands out the same blocks in the same
-        order whatever registrations come in between. Returns the requests (rows of
-        `pairs`) left to play call by call: those of ranks with a call or two only
-        (a batch would cost more), or where the rank cannot tell that a batch gives
-        the same result (`plays_in_batches`, `plan_batch`)."""
-        start = self.allocated
-        calls = self.kv_calls[:, start:alloc_stop]
-        per_request = calls.sum(axis=1) + fills.sum(axis=1)
-        active = np.flatnonzero(per_request).tolist()
-        by_rank: dict = {}  # scheduler -> positions in `active` of its requests
-        for local, i in enumerate(active):
-            by_rank.setdefault(self.pairs[i][0], []).append(local)
-        left = []
-        rows = np.array(active, dtype=np.int64)
-        events = per_request[rows]
-        batched = []
-        for scheduler, local in by_rank.items():
-            if events[local].sum() < BATCH_EVENTS or not scheduler.kv.plays_in_batches():
-                left += [active[j] for j in local]
-            else:
-                batched += local
-        if not batched:
-            return left
-        # blocks request i takes when step j starts, as `KVManager.allocate` would find
-        # them: its slots (tokens so far + width) over the table it holds by then
-        kv0 = self.pairs[active[0]][0].kv
-        have = np.array([self.pairs[i][0].kv.tables[self.pairs[i][1].request_id].n
-                         for i in active], dtype=np.int64)
-        slots = before[rows, None] + self.cum[None, start:alloc_stop] - self.cum[first] \
-            + self.width
-        need = np.where(calls[rows], -(-slots // kv0.block_size), 0)
-        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-        counts = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)
-        # a request's blocks registered: those full after its last step that fills one
-        tokens = np.where(fills[rows].any(axis=1), after[rows, -1] if after.shape[1] else 0, -1)
-        # the time stamp the rank's pool is left with: its last event's (register at
-        # boundary j + 1 = ends[j], allocate at boundary j = start[j], register first)
-        last_alloc = _last(calls[rows]) + start
-        last_fill = _last(fills[rows]) + first + 1
-        committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
-        for scheduler, local in by_rank.items():
-            if local[0] not in batched:
-                continue
-            reqs = [self.pairs[active[j]][1] for j in local]
-            plan = scheduler.kv.plan_batch(reqs, counts[local], committed, tokens[local])
-            if plan is None:
-                left += [active[j] for j in local]
-                continue
-            la, lf = int(last_alloc[local].max()), int(last_fill[local].max())
-            scheduler.kv.play_batch(plan)
-            scheduler.kv.set_time(float(self.start[la]) if la >= lf else float(ends[lf - 1]))
-        return sorted(left)
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, requests) arrays for steps [first, stop) of the latest playback:
@@ -230,11 +170,16 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
     steps past the horizon is not computed."""
-    pairs = [(s, r) for s in schedulers for r in s.running if not s.on_the_wire(r)]
+    pairs, rank_of, landing = [], [], np.inf
+    for rank, s in enumerate(schedulers):
+        for r in s.running:
+            if s.on_the_wire(r):
+                landing = min(landing, r.kv_ready_s)
+            else:
+                pairs.append((s, r))
+                rank_of.append(rank)
     if not pairs:
         return None
-    landing = min((r.kv_ready_s for s in schedulers for r in s.running if s.on_the_wire(r)),
-                  default=np.inf)
     if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
@@ -246,7 +191,6 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
 
     # Blocks each request must hold during step j: its slots are computed + width.
-    rank_of = np.array([schedulers.index(s) for s, _ in pairs])
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
     block_size = schedulers[0].kv.block_size
@@ -260,8 +204,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None  # a window page is shared: its release is not ours to plan
         pages = schedulers[0].kv.window.pages_per_block
         net, calls = new * (1 + pages) - slid * pages, calls | (slid > 0)
-    per_rank = np.zeros((k, len(schedulers)), dtype=np.int64)
-    np.add.at(per_rank, (slice(None), rank_of), net.T)
+    per_rank = _rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
     fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
@@ -270,13 +213,10 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
-    counts = np.zeros(len(schedulers), dtype=np.int64)
-    base = np.zeros(len(schedulers), dtype=np.int64)
-    np.add.at(counts, rank_of, 1)
-    np.add.at(base, rank_of, computed)
-    timing = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now, horizon,
-                          step_guess_s)
-    work = decode_work(counts, base, cum[: len(timing.duration)], width)
+    counts = np.bincount(rank_of, minlength=len(schedulers)).astype(np.int64)
+    base = _rank_sums(computed, rank_of, len(schedulers))
+    timing, work = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now,
+                                horizon, step_guess_s)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -294,34 +234,39 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
 def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now: float,
                  horizon: float, step_guess_s: float):
     """The cost of the decode steps `cum` describes, or of a first part of them that
-    ends at or after the horizon (what lies beyond is cut from the run anyway). The
-    part is sized from a recent step's duration; if it falls short of the horizon,
-    the rest is costed too. A step's cost depends on its own row of the work alone,
-    so the two parts are the rows of the whole."""
+    ends at or after the horizon (what lies beyond is cut from the run anyway), and
+    the StepWork of the steps costed. The part is sized from a recent step's
+    duration; if it falls short of the horizon, the rest is costed too. A step's cost
+    depends on its own row of the work alone, so the two parts are the rows of the
+    whole."""
     k = len(cum)
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    timing = cost_model.step_timing(decode_work(counts, base, cum[:first], width), lockstep)
+    work = decode_work(counts, base, cum[:first], width)
+    timing = cost_model.step_timing(work, lockstep)
     # as plan_decode_run finds the steps' ends (same sums, same rounding)
     if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
-        return timing
+        return timing, work
     rest = cost_model.step_timing(decode_work(counts, base, cum[first:], width), lockstep)
-    return type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
-                                                                 _fields(rest))))
+    timing = type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
+                                                                   _fields(rest))))
+    return timing, decode_work(counts, base, cum, width)
+
+
+def _rank_sums(values: np.ndarray, rank_of: list, ranks: int) -> np.ndarray:
+    """values summed over the requests of each rank (the last axis: requests -> ranks);
+    integer sums, so the order of the additions does not matter."""
+    if ranks == 1:
+        return values.sum(axis=-1, keepdims=True)
+    out = np.zeros(values.shape[:-1] + (ranks,), dtype=values.dtype)
+    np.add.at(out, (..., np.asarray(rank_of)), values)
+    return out
 
 
 def _fields(timing) -> tuple:
     return (timing.busy, timing.compute, timing.comm, timing.duration,
             timing.temporary_kv_bytes)
-
-
-def _last(mask: np.ndarray) -> np.ndarray:
-    """Per row, the index of its last True (a large negative number if none)."""
-    if mask.shape[1] == 0:
-        return np.full(len(mask), -(1 << 40), dtype=np.int64)
-    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
-    return np.where(mask.any(axis=1), last, -(1 << 40))
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
@@ -341,15 +286,16 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
     """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
     ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
     zeros = np.zeros_like(ctx)
+    k = len(cum)
     return StepWork(
         prefill_tokens=zeros,
-        decode_tokens=np.broadcast_to(counts * width, ctx.shape).copy(),
+        decode_tokens=np.repeat((counts * width)[None, :], k, axis=0),
         num_prefill_reqs=zeros,
-        num_decode_reqs=np.broadcast_to(counts, ctx.shape).copy(),
+        num_decode_reqs=np.repeat(counts[None, :], k, axis=0),
         kv_read_tokens=ctx + counts[None, :] * width,
         prefill_pairs=zeros,
         decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
-        idle=np.broadcast_to(counts == 0, ctx.shape).copy(),
+        idle=np.repeat((counts == 0)[None, :], k, axis=0),
         decode_context=ctx,
     )
 

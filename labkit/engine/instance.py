@@ -241,7 +241,7 @@ class Instance:
                 ranks=self.ranks, step_index=np.arange(self.step_index,
                                                        self.step_index + stop - first),
                 start=start[cut], duration=t.duration[cut], busy=t.busy[cut],
-                stall=t.stall[cut], compute=t.compute[cut], comm=t.comm[cut],
+                stall=t.duration[cut, None] - t.busy[cut], compute=t.compute[cut], comm=t.comm[cut],
                 num_prefill_reqs=w.num_prefill_reqs[cut],
                 num_decode_reqs=w.num_decode_reqs[cut], prefill_tokens=w.prefill_tokens[cut],
                 decode_tokens=w.decode_tokens[cut], kv_used_blocks=plan.kv_used[cut],

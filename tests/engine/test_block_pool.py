@@ -103,6 +103,8 @@ def check_against_reference(operations, num_blocks, lazy=False):
             keys = list(range(next_key, next_key + len(group)))
             if pick % 3 == 0 and ref.cached:  # sometimes a key another block already has
                 keys[0] = next(iter(ref.cached))
+            if pick % 5 == 1 and len(keys) > 1:  # or twice in one call: the first block wins
+                keys[-1] = keys[0]
             next_key += len(group)
             fresh = [(b, k) for b, k in zip(group, keys) if ref.key[b] is None]
             blocks = np.array([b for b, _ in fresh], dtype=np.int32)

@@ -136,22 +136,18 @@ class BlockPool:
         if (self.block_key[blocks] != NO_KEY).any():
             raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
                                f"(writing into a registered block needs a copy first)")
-        cached = self._cached
-        key_list = keys.tolist()
-        if len(set(key_list)) == len(key_list) and cached.keys().isdisjoint(key_list):
-            # the usual case, all new and distinct: one C-level update, not a loop
-            cached.update(zip(key_list, blocks.tolist()))
-            fresh_blocks, fresh_keys = blocks, keys
-        else:  # the first block to claim a key keeps it
-            fresh_blocks, fresh_keys = [], []
-            for block, key in zip(blocks.tolist(), key_list):
-                if key not in cached:
-                    cached[key] = block
-                    fresh_blocks.append(block)
-                    fresh_keys.append(key)
-        if len(fresh_blocks):
-            fresh = fresh_blocks if fresh_blocks is blocks else \
-                np.array(fresh_blocks, dtype=np.int32)
+        # The first block to claim a key keeps it: `setdefault` leaves a key that is
+        # held already (here, or earlier in this call) alone and returns its holder, so
+        # a block got its key exactly where it is returned (one C-level pass; no other
+        # key names these blocks, checked above).
+        block_list = blocks.tolist()
+        holders = list(map(self._cached.setdefault, keys.tolist(), block_list))
+        if holders == block_list:  # the usual case: all new and distinct
+            fresh, fresh_keys = blocks, keys
+        else:
+            claimed = np.array(holders) == np.asarray(blocks)
+            fresh, fresh_keys = np.asarray(blocks)[claimed], np.asarray(keys)[claimed]
+        if len(fresh):
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
             if self.events.wants(BlocksCached):

@@ -35,9 +35,10 @@ from __future__ import annotations
 import numpy as np
 
 from labkit.engine.events import (
-    BlocksAllocated, BlocksCached, BlocksEvicted, BlocksFreed, CacheHit, CopyOnWrite,
+    BlocksAllocated, BlocksFreed, CacheHit, CopyOnWrite,
     EventBus, Forked,
 )
+from labkit.engine.kv import batch_play
 from labkit.engine.kv.block_pool import NO_KEY, BlockPool
 from labkit.engine.kv.block_table import EMPTY, NO_MATCH, BlockTable, PrefixHint, PrefixMatch
 
@@ -314,66 +315,15 @@ class KVManager:
             self.events.emit(CopyOnWrite(self.pool.now, self.rank, req.request_id, src, dst))
 
     # ------------------------------------------------ a fast-forwarded run's KV work
+    # (done a batch at a time where that is exact: `batch_play.py`)
     def plays_in_batches(self) -> bool:
-        """Can a run's allocations and registrations here be done a batch at a time
-        (`plan_batch`)? Only where nothing sees their order or grouping: no
-        sliding-window pages, state snapshots or offload write-through, nobody
-        listening to the per-call events."""
-        wants = self.events.wants
-        return (self.window is None and self.snapshots is None and self.on_cached is None
-                and not (wants(BlocksAllocated) or wants(BlocksEvicted)
-                         or wants(BlocksCached)))
+        return batch_play.plays_in_batches(self)
 
     def plan_batch(self, reqs, counts: np.ndarray, committed: int, tokens: np.ndarray):
-        """Plan steps of a run on this rank as one batch: request i takes counts[i, j]
-        blocks when step j starts (what `allocate` would add then); the first
-        `committed` steps end, and register what they fill, before the later ones
-        start; tokens[i]: req i's tokens with KV after them (-1: it fills no block).
-        None where one batch could differ from those calls one by one: the pool is
-        short, or a key to register is cached already or twice (then who holds it
-        depends on whether an eviction comes before or after the registration)."""
-        if int(counts.sum()) > self.pool.num_free:
-            return None
-        tables = [self.tables[r.request_id] for r in reqs]
-        registered = []  # (table, blocks to be full, their keys from num_keyed on)
-        if self.pool.enable_caching:
-            for req, table, row, num in zip(reqs, tables, counts, tokens.tolist()):
-                if num < 0 or req.keys is None:
-                    continue
-                held = table.n + int(row[:committed].sum())
-                full = min(num // self.block_size, req.keys.num_blocks, held)
-                if full > table.num_written:
-                    keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
-                    registered.append((table, full, keys))
-        if registered:
-            keys = np.concatenate([k for _, _, k in registered]).tolist()
-            if len(set(keys)) != len(keys) or not self.pool.cached_none(keys):
-                return None
-        return tables, counts, registered
+        return batch_play.plan_batch(self, reqs, counts, committed, tokens)
 
     def play_batch(self, plan) -> None:
-        """Do what `plan_batch` planned: one pool allocation, handed out to the tables
-        in the order the calls one by one would take the blocks (step by step, then
-        request by request), then one registration of every block filled."""
-        tables, counts, registered = plan
-        total = int(counts.sum())
-        if total:
-            blocks = self.pool.allocate(total)
-            n, steps = counts.shape
-            owner = np.repeat(np.tile(np.arange(n), steps), counts.T.ravel())
-            for i, table in enumerate(tables):
-                if counts[i].any():
-                    table.extend(blocks[owner == i])
-        if not registered:
-            return
-        blocks = [t.blocks[t.num_keyed : full] for t, full, _ in registered]
-        self.pool.cache_blocks(np.concatenate(blocks),
-                               np.concatenate([k for _, _, k in registered]))
-        self.pool.written(np.concatenate([t.blocks[t.num_written : full]
-                                          for t, full, _ in registered]))
-        for table, full, _ in registered:
-            table.num_keyed = max(table.num_keyed, full)
-            table.num_written = full
+        batch_play.play_batch(self, plan)
 
     # ---------------------------------------------------------- prefix cache
     def register_blocks(self, req, num_tokens: int) -> None:

@@ -1,0 +1,178 @@
+"""Batched playback: a fast-forwarded run's KV work on a rank, done in one go.
+
+A fast-forwarded run (`decode_run.py`) is played back as step-by-step simulation
+would have done it: when step j starts, every request that needs a new block takes
+one (`KVManager.allocate`); when it ends, every request that filled a block registers
+it in the prefix cache (`KVManager.cache_full_blocks`). Done call by call, that is
+two Python calls per request and block — most of a long run's playback.
+
+On one rank those calls can be done as **one batch**: one pool allocation for all the
+blocks the rank's requests take in the steps played, handed to their tables in the
+order the calls one by one would take them from the free queue (step by step, then
+request by request), then one registration of all the blocks they fill. This is exact
+because
+
+- ranks have pools of their own, so the order between ranks does not matter;
+- the free queue hands out the same blocks in the same order whatever registrations
+  come in between (registering a block does not move it in the queue);
+- the pool's time stamp is left at that of the last call it would have seen.
+
+A batch is declined, and the calls are made one by one (`DecodeRun._play_in_order`),
+where it could differ or where nobody can tell cheaply that it would not:
+
+- a key to register is cached already, or twice: who holds it then depends on
+  whether an eviction comes before or after the registration;
+- the pool is short;
+- sliding-window pages, state snapshots or offload write-through, whose work
+  follows the calls' order; a subscriber to BlocksAllocated / BlocksEvicted /
+  BlocksCached, which would see other groupings;
+- fewer than `BATCH_EVENTS` calls on the rank (one batch costs more than a few calls).
+
+`tests/engine/test_kv_batch.py` checks a batch against the calls one by one on
+random pools, and that the declined batches would indeed differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from labkit.engine.events import BlocksAllocated, BlocksCached, BlocksEvicted
+
+# a rank's KV work in a playback is done in one batch from this many calls on (below,
+# one batch costs more than the calls)
+BATCH_EVENTS = 6
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """What `play_batch` does on one rank."""
+    tables: list  # the requests' block tables, in the run's order
+    counts: np.ndarray  # (n, steps): blocks request i takes when step j starts
+    registered: list  # (table, blocks to be full, their keys from table.num_keyed on)
+
+
+def plays_in_batches(kv) -> bool:
+    """Can a run's allocations and registrations on `kv` be done a batch at a time?
+    Only where nothing sees their order or grouping: no sliding-window pages, state
+    snapshots or offload write-through, nobody listening to the per-call events."""
+    wants = kv.events.wants
+    return (kv.window is None and kv.snapshots is None and kv.on_cached is None
+            and not (wants(BlocksAllocated) or wants(BlocksEvicted) or wants(BlocksCached)))
+
+
+def plan_batch(kv, reqs, counts: np.ndarray, committed: int,
+               tokens: np.ndarray) -> BatchPlan | None:
+    """Plan steps of a run on `kv`'s rank as one batch: request i takes counts[i, j]
+    blocks when step j starts (what `allocate` would add then); the first `committed`
+    steps end, and register what they fill, before the later ones start; tokens[i]:
+    req i's tokens with KV after them (-1: it fills no block). None where one batch
+    could differ from those calls one by one (see the module docstring)."""
+    pool = kv.pool
+    if int(counts.sum()) > pool.num_free:
+        return None
+    tables = [kv.tables[r.request_id] for r in reqs]
+    registered = []
+    if pool.enable_caching:
+        for req, table, row, num in zip(reqs, tables, counts, tokens.tolist()):
+            if num < 0 or req.keys is None:
+                continue
+            held = table.n + int(row[:committed].sum())
+            full = min(num // kv.block_size, req.keys.num_blocks, held)
+            if full > table.num_written:
+                keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
+                registered.append((table, full, keys))
+    if registered:
+        keys = np.concatenate([k for _, _, k in registered]).tolist()
+        if len(set(keys)) != len(keys) or not pool.cached_none(keys):
+            return None
+    return BatchPlan(tables, counts, registered)
+
+
+def play_batch(kv, plan: BatchPlan) -> None:
+    """Do what `plan_batch` planned: one pool allocation, handed out to the tables in
+    the order the calls one by one would take the blocks (step by step, then request
+    by request), then one registration of every block filled."""
+    tables, counts, registered = plan.tables, plan.counts, plan.registered
+    total = int(counts.sum())
+    if total:
+        blocks = kv.pool.allocate(total)
+        n, steps = counts.shape
+        owner = np.repeat(np.tile(np.arange(n), steps), counts.T.ravel())
+        for i, table in enumerate(tables):
+            if counts[i].any():
+                table.extend(blocks[owner == i])
+    if not registered:
+        return
+    blocks = [t.blocks[t.num_keyed : full] for t, full, _ in registered]
+    kv.pool.cache_blocks(np.concatenate(blocks), np.concatenate([k for _, _, k in registered]))
+    kv.pool.written(np.concatenate([t.blocks[t.num_written : full]
+                                    for t, full, _ in registered]))
+    for table, full, _ in registered:
+        table.num_keyed = max(table.num_keyed, full)
+        table.num_written = full
+
+
+def play_run_in_batches(run, first: int, alloc_stop: int, before, after, fills,
+                        ends) -> list:
+    """A run's KV work in the steps being played (`DecodeRun.play`: allocations of
+    steps [run.allocated, alloc_stop), registrations of those ending from `first` on;
+    `before`, `after`, `fills` as there), a rank at a time. Returns the requests (rows
+    of `run.pairs`) left to play call by call: those of ranks with few calls, or where
+    the rank cannot tell that a batch gives the same result."""
+    start = run.allocated
+    calls = run.kv_calls[:, start:alloc_stop]
+    per_request = calls.sum(axis=1) + fills.sum(axis=1)
+    # slots (tokens so far + width) of each request when each step starts, less `before`
+    offset = run.cum[start:alloc_stop] - run.cum[first] + run.width
+    committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
+    left = []
+    for scheduler, lo, hi in _ranks(run.pairs):
+        active = per_request[lo:hi]
+        if active.sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv):
+            left += (lo + np.flatnonzero(active)).tolist()
+            continue
+        # (a request without calls takes nothing and registers nothing: it may stay in)
+        kv, reqs = scheduler.kv, [r for _, r in run.pairs[lo:hi]]
+        rank_calls, rank_fills = calls[lo:hi], fills[lo:hi]
+        # blocks request i takes when step j starts, as `KVManager.allocate` would find
+        # them: its slots over the table it holds by then
+        have = np.array([kv.tables[r.request_id].n for r in reqs], dtype=np.int64)
+        slots = before[lo:hi, None] + offset[None, :]
+        need = np.where(rank_calls, -(-slots // kv.block_size), 0)
+        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+        counts = np.diff(held, axis=1, prepend=have[:, None])
+        # a request's blocks registered: those full after its last step that fills one
+        filled = rank_fills.any(axis=1)
+        tokens = np.where(filled, after[lo:hi, -1] if after.shape[1] else 0, -1)
+        plan = plan_batch(kv, reqs, counts, committed, tokens)
+        if plan is None:
+            left += (lo + np.flatnonzero(active)).tolist()
+            continue
+        play_batch(kv, plan)
+        # the time stamp the pool is left with: its last event's (register at boundary
+        # j + 1 = ends[j], allocate at boundary j = start[j], register first)
+        la = _last(rank_calls.any(axis=0)) + start
+        lf = _last(rank_fills.any(axis=0)) + first + 1
+        kv.set_time(float(run.start[la]) if la >= lf else float(ends[lf - 1]))
+    return sorted(left)
+
+
+def _ranks(pairs) -> list:
+    """(scheduler, lo, hi): the rows of each rank's requests (`pairs` lists them a rank
+    at a time)."""
+    out = []
+    for i, (scheduler, _) in enumerate(pairs):
+        if out and out[-1][0] is scheduler:
+            out[-1][2] = i + 1
+        else:
+            out.append([scheduler, i, i + 1])
+    return out
+
+
+def _last(mask: np.ndarray) -> int:
+    """The index of the last True of a 1-d mask (a large negative number if none)."""
+    if not mask.any():
+        return -(1 << 40)
+    return len(mask) - 1 - int(np.argmax(mask[::-1]))
