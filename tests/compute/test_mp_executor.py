@@ -127,9 +127,9 @@ def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
 
 @pytest.mark.parametrize("model,layout", [("tiny-llama", "tp2xpp2"), ("tiny-qwen3-moe", "dep2")])
 def test_a_process_makes_only_its_own_shard(model, layout):
-    """`RankPlan.weights_for` makes only the tensors a GPU slices from (its stage's
-    layers, its experts): less than the whole model, and the rank built from them holds
-    exactly the tensors of a rank built from the whole model."""
+    """Seeded weights (`RankPlan.source`) are made only where a GPU slices from them
+    (its stage's layers, its experts): fewer tensors than the whole model, and the rank
+    built from them holds exactly the tensors of a rank cut from the whole model."""
     from labkit.engine.compute.executors import RankPlan
     from labkit.engine.compute.mesh import Mesh
     from labkit.engine.compute.models.weights import init_weights
@@ -140,11 +140,13 @@ def test_a_process_makes_only_its_own_shard(model, layout):
     plan = RankPlan(plane.spec, plane.layout, eng.config, 4, eng.block_size, plane.device,
                     plane.dtype)
     full = init_weights(plane.spec, eng.config.seed, plane.dtype)
-    whole = sum(t.numel() for t in full.values())
     for place in Mesh(plane.layout, plane.spec).places:
-        made = plan.weights_for(place)
-        assert sum(t.numel() for t in made.values()) < whole
-        mine = rank_weights(plane.spec, made, place, plane.layout)
+        source, made = plan.source(), []
+        read = source.read
+        source.read = (lambda name, part=None, read=read, made=made:
+                       made.append(name) or read(name, part))
+        mine = rank_weights(plane.spec, source, place, plane.layout)
+        assert 0 < len(set(made)) < len(full)
         want = rank_weights(plane.spec, full, place, plane.layout)
         assert mine.keys() == want.keys()
         for layer in want:

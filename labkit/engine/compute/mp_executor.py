@@ -85,12 +85,12 @@ class ProcessExecutor:
         self.mesh, self.world_size = mesh, mesh.world_size
         self.procs: list = []
         self._closing = False
+        plan.check()  # a bad checkpoint is refused before any worker starts
         if self.world_size == 1 and not under_torchrun():
             # one GPU lives in the driver, as GPU 0 always does: no worker, no group, so
             # several such engines share a process (a P/D pair's tp1 side)
             self.ctrl = None
-            self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
-                                                    plan.weights_for(mesh.places[0]),
+            self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh, plan.source(),
                                                     build_groups(mesh, 0))}, 1)
             return
         if dist.is_initialized():
@@ -107,9 +107,8 @@ class ProcessExecutor:
         self.ctrl = dist.new_group(backend="gloo")
         self._call(lambda: dist.broadcast_object_list([plan], src=0, group=self.ctrl))
         groups = build_groups(mesh, 0)
-        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
-                                                plan.weights_for(mesh.places[0]), groups)},
-                                 self.world_size)
+        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh, plan.source(),
+                                                groups)}, self.world_size)
         atexit.register(self.close)  # workers stop with the driver even if never closed
 
     def _join_torchrun(self) -> None:
@@ -289,8 +288,7 @@ def serve(rank: int | None = None, world_size: int | None = None,
         dist.broadcast_object_list(box, src=0, group=ctrl)
         plan: RankPlan = box[0]
         mesh = Mesh(plan.layout, plan.spec)
-        local = plan.build(mesh.places[rank], mesh, plan.weights_for(mesh.places[rank]),
-                           build_groups(mesh, rank))
+        local = plan.build(mesh.places[rank], mesh, plan.source(), build_groups(mesh, rank))
         while True:
             dist.broadcast_object_list(box, src=0, group=ctrl)
             if box[0][0] == "stop":
