@@ -64,12 +64,12 @@ def test_executor_knob_is_checked():
 def test_killed_worker_stops_the_run():
     eng = compute_engine("tiny-llama", "tp4", max_num_batched_tokens=32, executor="mp")
     procs = list(eng.data_plane.executor.procs)
-    assert len(procs) == 3 and all(p.is_alive() for p in procs)
+    assert len(procs) == 4 and all(p.is_alive() for p in procs)  # procs[g]: GPU g
     submit_prompts(eng, shared_prefix_prompts(get_model("tiny-llama").vocab_size),
                    max_tokens=20)
     for _ in range(3):
         eng.step()
-    os.kill(procs[1].pid, signal.SIGKILL)
+    os.kill(procs[2].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerDied, match=r"GPU 2 \(pid \d+\) died \(killed by SIGKILL\)"):
         run_to_end(eng)

@@ -10,7 +10,7 @@ results back in that order:
   rank's tensors.
 - `ProcessExecutor` (`executor="mp"`, mp_executor.py): one process per GPU, collectives
   over torch.distributed; each step's operation and arguments are the one message the
-  driver broadcasts to the workers.
+  driver sends to the workers.
 
 Because operations are module-level functions over picklable arguments (a `StepBatch`,
 block ids, request ids), the same call crosses a thread or a process boundary. A rank
