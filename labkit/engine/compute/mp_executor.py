@@ -106,6 +106,8 @@ class ProcessExecutor:
         self.ranks = RemoteRanks(local, self.world_size)
         if self.channel is not None:
             atexit.register(self.close)  # workers stop with the driver even if never closed
+            # every worker says when its rank is built: a failure shows here, not later
+            self._call(lambda: self.channel.receive(dict.fromkeys(range(self.world_size))))
 
     def _join_torchrun(self) -> int:
         """Join the launched world as its rank 0 (which hosts GPU 0); its size."""
@@ -130,7 +132,8 @@ class ProcessExecutor:
 
     def _spawn(self, plan: RankPlan) -> _PipeChannel:
         init = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = torch.multiprocessing.get_context("spawn")
+        ctx = torch.multiprocessing.get_context("spawn")  # (forkserver starts faster,
+        # but a driver killed by SIGKILL leaves the server and its children running)
         conns = []
         for r in range(self.world_size):
             mine, theirs = ctx.Pipe()
@@ -354,6 +357,7 @@ def serve(rank: int | None = None, world_size: int | None = None,
         plan: RankPlan = receive()
         mesh = Mesh(plan.layout, plan.spec)
         local = plan.build(mesh.places[rank], mesh, plan.source(), build_groups(mesh, rank))
+        reply(None, True)  # built
         while True:
             message = receive()
             if message[0] == "stop":
