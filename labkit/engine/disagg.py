@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -367,18 +368,22 @@ def check_pd_size(prefill_layout, decode_layout, num_prefill: int, num_decode: i
 
 
 def check_pd_processes(roles) -> None:
-    """executor='mp': a group of several GPUs runs its ranks as processes of one
-    torch.distributed group, and a process has one; a one-GPU group needs none (its GPU
-    lives in the driver). So at most one group of the system may span several GPUs
-    under mp. `roles`: (layout, number of groups, knobs) per role."""
+    """executor='mp' under torchrun: the launched world is one engine's (its RANK 0, the
+    driver, hosts that engine's GPU 0), so at most one group of the system may span
+    several GPUs there; a one-GPU group needs none (its GPU lives in the driver).
+    Spawned (no torchrun), every group of several GPUs gets a world of its own
+    (mp_executor.py), so any number run as processes. `roles`: (layout, number of
+    groups, knobs) per role."""
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE")):  # not under torchrun
+        return
     spread = [(layout.text, n) for layout, n, knobs in roles
               if knobs.get("executor") == "mp" and layout.gpus > 1]
     if sum(n for _, n in spread) > 1:
         which = " + ".join(f"{n} x {text}" for text, n in spread)
-        raise ConfigError(f"executor='mp': {which} groups of several GPUs would each need "
-                          "their own torch.distributed group in this process; at most one "
-                          "may run as processes (give the others executor='threads' through "
-                          "prefill_knobs / decode_knobs)")
+        raise ConfigError(f"executor='mp' under torchrun: {which} groups of several GPUs "
+                          "would each need the launched torch.distributed world; at most one "
+                          "may run as processes there (give the others executor='threads' "
+                          "through prefill_knobs / decode_knobs, or run without torchrun)")
 
 
 def check_pd_pair(prefill: Engine, decode: Engine) -> None:

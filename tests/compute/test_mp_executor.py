@@ -64,12 +64,12 @@ def test_executor_knob_is_checked():
 def test_killed_worker_stops_the_run():
     eng = compute_engine("tiny-llama", "tp4", max_num_batched_tokens=32, executor="mp")
     procs = list(eng.data_plane.executor.procs)
-    assert len(procs) == 3 and all(p.is_alive() for p in procs)
+    assert len(procs) == 4 and all(p.is_alive() for p in procs)  # procs[g]: GPU g
     submit_prompts(eng, shared_prefix_prompts(get_model("tiny-llama").vocab_size),
                    max_tokens=20)
     for _ in range(3):
         eng.step()
-    os.kill(procs[1].pid, signal.SIGKILL)
+    os.kill(procs[2].pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerDied, match=r"GPU 2 \(pid \d+\) died \(killed by SIGKILL\)"):
         run_to_end(eng)
@@ -127,9 +127,9 @@ def test_offload_tiers_with_processes_give_the_threads_tokens(layout, tmp_path):
 
 @pytest.mark.parametrize("model,layout", [("tiny-llama", "tp2xpp2"), ("tiny-qwen3-moe", "dep2")])
 def test_a_process_makes_only_its_own_shard(model, layout):
-    """`RankPlan.weights_for` makes only the tensors a GPU slices from (its stage's
-    layers, its experts): less than the whole model, and the rank built from them holds
-    exactly the tensors of a rank built from the whole model."""
+    """Seeded weights (`RankPlan.source`) are made only where a GPU slices from them
+    (its stage's layers, its experts): fewer tensors than the whole model, and the rank
+    built from them holds exactly the tensors of a rank cut from the whole model."""
     from labkit.engine.compute.executors import RankPlan
     from labkit.engine.compute.mesh import Mesh
     from labkit.engine.compute.models.weights import init_weights
@@ -140,11 +140,13 @@ def test_a_process_makes_only_its_own_shard(model, layout):
     plan = RankPlan(plane.spec, plane.layout, eng.config, 4, eng.block_size, plane.device,
                     plane.dtype)
     full = init_weights(plane.spec, eng.config.seed, plane.dtype)
-    whole = sum(t.numel() for t in full.values())
     for place in Mesh(plane.layout, plane.spec).places:
-        made = plan.weights_for(place)
-        assert sum(t.numel() for t in made.values()) < whole
-        mine = rank_weights(plane.spec, made, place, plane.layout)
+        source, made = plan.source(), []
+        read = source.read
+        source.read = (lambda name, part=None, read=read, made=made:
+                       made.append(name) or read(name, part))
+        mine = rank_weights(plane.spec, source, place, plane.layout)
+        assert 0 < len(set(made)) < len(full)
         want = rank_weights(plane.spec, full, place, plane.layout)
         assert mine.keys() == want.keys()
         for layer in want:

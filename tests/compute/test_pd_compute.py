@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from compute_cases import FixedStepCost, agentic_trace, compute_engine, outputs
+from compute_cases import (
+    FixedStepCost, agentic_trace, compute_engine, outputs, shared_prefix_prompts,
+    submit_prompts)
 
 from labkit.engine.disagg import PDEngine
 from labkit.errors import ConfigError
@@ -102,7 +104,7 @@ def test_pd_with_ranks_as_processes_gives_the_threads_tokens(model, prefill, dec
     procs = pd_small(model, prefill, decode, executor="mp")
     workers = [p for e in (*procs.prefill, *procs.decode)
                for p in e.data_plane.executor.procs]
-    assert len(workers) == 1  # the two-GPU side's second GPU
+    assert len(workers) == 2  # the two-GPU side's (the one-GPU side's GPU is the driver's)
     assert all(p.exitcode is not None for p in workers)  # closed: none left behind
     assert not dist.is_initialized()
     got = outputs(procs)
@@ -110,8 +112,79 @@ def test_pd_with_ranks_as_processes_gives_the_threads_tokens(model, prefill, dec
     assert len(procs.transfers) == len(threads.transfers) == len(got)
 
 
-def test_pd_refuses_two_process_groups_before_starting_any():
-    with pytest.raises(ConfigError, match=r"executor='mp': 1 x tp2 \+ 1 x dp2 groups of "
-                                          r"several GPUs .* at most one"):
+def pd_prompts(**knobs) -> PDEngine:
+    """1 x tp2 prefill + 2 x tp2 decode on three prompts 50 ms apart (the second
+    arrives while the first decodes, so both decode groups get calls)."""
+    engine = PDEngine("tiny-llama", "tp2", "tp2", backend="compute", num_decode=2,
+                      cost_model=FixedStepCost(), clock="predicted",
+                      num_gpu_blocks_override=60, **knobs)
+    try:
+        submit_prompts(engine, shared_prefix_prompts(engine.model.vocab_size), max_tokens=8)
+        while engine.step():
+            pass
+    finally:
+        for e in (*engine.prefill, *engine.decode):
+            e.data_plane.close()
+    return engine
+
+
+def test_pd_with_several_multi_gpu_groups_as_processes():
+    """Every group as processes: each group's workers form a torch.distributed world of
+    their own and the driver joins none, so the three worlds live side by side; same
+    tokens and transfers as threads."""
+    threads, procs = pd_prompts(), pd_prompts(executor="mp")
+    groups = [e.data_plane.executor.procs for e in (*procs.prefill, *procs.decode)]
+    assert [len(g) for g in groups] == [2, 2, 2]
+    assert all(p.exitcode == 0 for g in groups for p in g)  # closed: stopped, reaped
+    assert not dist.is_initialized()
+    got = outputs(procs)
+    assert len(got) == 3 and got == outputs(threads)
+    assert len(procs.transfers) == len(threads.transfers) == 3
+    assert all(len(e.requests) > 0 for e in procs.decode)  # both decode groups worked
+
+
+def test_a_killed_worker_stops_a_pd_run_with_processes():
+    """A prefill worker killed when the first prompt is done: the run stops with a one-line
+    error naming the GPU; that group's other worker is stopped at once, and after the
+    planes close no process is left."""
+    import os
+    import signal
+    import time
+
+    from labkit.engine.compute.mp_executor import WorkerDied
+
+    engine = PDEngine("tiny-llama", "tp2", "tp2", backend="compute",
+                      cost_model=FixedStepCost(), clock="predicted",
+                      num_gpu_blocks_override=60, num_decode=2, executor="mp")
+    planes = [e.data_plane for e in (*engine.prefill, *engine.decode)]
+    victim = planes[0].executor.procs[1]
+    killed = []
+
+    def kill(*_):
+        if not killed:
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    engine.prefill[0].finish_callbacks.append(kill)
+    try:
+        with pytest.raises(WorkerDied, match=r"GPU 1 \(pid \d+\) died \(killed by SIGKILL\)"):
+            engine.replay(agentic_trace(2), concurrency=4, loop_trace=False, max_idle_s=1.0,
+                          start_part_way=False)
+        assert killed and time.monotonic() - killed[0] < 20
+        assert all(p.exitcode is not None for p in planes[0].executor.procs)
+    finally:
+        for plane in planes:
+            plane.close()
+    assert all(p.exitcode is not None for plane in planes for p in plane.executor.procs)
+    assert not dist.is_initialized()
+
+
+def test_pd_under_torchrun_refuses_two_process_groups_before_starting_any(monkeypatch):
+    """Under torchrun the launched world is one engine's: a second group of several GPUs
+    as processes is refused before anything starts."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"executor='mp' under torchrun: 1 x tp2 \+ 1 x dp2 "
+                                          r"groups of several GPUs .* at most one"):
         PDEngine("tiny-llama", "tp2", "dp2", backend="compute", executor="mp")
     assert not dist.is_initialized()

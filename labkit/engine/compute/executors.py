@@ -10,7 +10,7 @@ results back in that order:
   rank's tensors.
 - `ProcessExecutor` (`executor="mp"`, mp_executor.py): one process per GPU, collectives
   over torch.distributed; each step's operation and arguments are the one message the
-  driver broadcasts to the workers.
+  driver sends to the workers.
 
 Because operations are module-level functions over picklable arguments (a `StepBatch`,
 block ids, request ids), the same call crosses a thread or a process boundary. A rank
@@ -27,13 +27,14 @@ import torch
 
 from labkit.engine.compute.group import Group, VirtualCluster
 from labkit.engine.compute.mesh import Mesh, RankPlace
-from labkit.engine.compute.models.checkpoint import load_safetensors
-from labkit.engine.compute.models.weights import init_tensor, init_weights, weight_shapes
+from labkit.engine.compute.models.checkpoint import READS, CheckpointReader, load_safetensors
+from labkit.engine.compute.models.weights import init_weights
 from labkit.engine.compute.paged_kv import PagedKV
 from labkit.engine.compute.rank import Rank
 from labkit.engine.compute.rank_model import rank_forward
-from labkit.engine.compute.rank_weights import kv_shapes, rank_tensor_names, rank_weights
+from labkit.engine.compute.rank_weights import kv_shapes, rank_weights
 from labkit.engine.compute.step_batch import StepBatch
+from labkit.engine.compute.weight_source import DictSource, SeededSource
 from labkit.errors import ConfigError, unknown_choice
 
 EXECUTORS = ("threads", "mp")
@@ -57,32 +58,38 @@ class RankPlan:
     block_size: int
     device: torch.device
     dtype: torch.dtype
-    checkpoint: object = None  # a safetensors file or folder, read by every process
+    checkpoint: object = None  # a safetensors file or folder
     weights: dict | None = None  # full weights given directly (shipped to the workers)
 
     def full_weights(self) -> dict:
+        """The whole model (the threads executor's ranks all cut from it)."""
         if self.weights is not None:
             return self.weights
         if self.checkpoint:
             return load_safetensors(self.checkpoint, self.spec, dtype=self.dtype)
         return init_weights(self.spec, self.config.seed, self.dtype)
 
-    def weights_for(self, place: RankPlace) -> dict:
-        """The unsharded tensors GPU `place` cuts its slices from: only its stage's
-        layers (under EP only its own experts), the embedding on the first stage, the
-        final norm and head on the last. Seeded weights are made tensor by tensor
-        (`init_tensor` depends on the name alone), so a process never holds the whole
-        model; a checkpoint or given weights are read whole, then filtered."""
-        if self.weights is not None or self.checkpoint:
-            full = self.full_weights()
-            return {n: full[n] for n in rank_tensor_names(self.spec, self.layout, place, full)}
-        shapes = weight_shapes(self.spec)
-        return {n: init_tensor(n, shapes[n], self.config.seed, self.dtype)
-                for n in rank_tensor_names(self.spec, self.layout, place, shapes)}
+    def check(self) -> None:
+        """Before any process starts: a checkpoint's names, shapes and config.json
+        agree with the model (headers only; raises CheckpointError)."""
+        if self.weights is None and self.checkpoint:
+            CheckpointReader(self.checkpoint, self.spec, self.dtype)
 
-    def build(self, place: RankPlace, mesh: Mesh, full: dict,
+    def source(self):
+        """Where a process reads its own GPU's tensors from, without the rest of the
+        model: the given weights, the checkpoint read piece by piece, or seeds made
+        tensor by tensor (weight_source.py)."""
+        if self.weights is not None:
+            return DictSource(self.weights)
+        if self.checkpoint:  # checked by the driver (`check`) before the workers start
+            return CheckpointReader(self.checkpoint, self.spec, self.dtype, verify=False)
+        return SeededSource(self.spec, self.config.seed, self.dtype)
+
+    def build(self, place: RankPlace, mesh: Mesh, source,
               groups: dict[str, Group]) -> Rank:
-        w = rank_weights(self.spec, full, place, self.layout, self.device)
+        """GPU `place`'s rank, its weights read from `source` (a weight source or the
+        full weights)."""
+        w = rank_weights(self.spec, source, place, self.layout, self.device)
         kv = PagedKV(kv_shapes(self.spec, w), self.num_blocks, self.block_size,
                      self.layout.dcp, place.dcp_index if self.layout.dcp > 1 else 0,
                      self.config.dcp_kv_cache_interleave_size, self.dtype, self.device)
@@ -123,6 +130,11 @@ def write_kv_block(rank: Rank, block: int, data: dict[str, torch.Tensor]) -> Non
         for name, t in named.items():
             src = data[f"{layer}.{name}"]
             t[block].copy_(src, non_blocking=src.is_pinned())
+
+
+def checkpoint_reads(rank: Rank) -> tuple[int, list[str]]:
+    """What this GPU's process has read from checkpoints: (bytes, sorted names)."""
+    return READS.bytes, sorted(READS.names)
 
 
 def weight_nbytes(rank: Rank) -> int:

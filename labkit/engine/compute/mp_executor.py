@@ -1,32 +1,35 @@
 """Ranks as processes: one process per GPU, collectives over torch.distributed.
 
-The driver — the process running the control plane — is global rank 0 and also hosts
-GPU 0's rank. Every other GPU's rank lives in a worker process that does nothing but
-`serve`: build its rank from the `RankPlan` the driver broadcasts once, then, step after
-step, receive one message (a rank operation and each GPU's arguments — for a forward
-pass, its replica's `StepBatch` and copy-on-write pairs), run it on its rank, and send
-the result back (`gather_object`: only the last stage's logits are non-trivial). The
-model's collectives inside the step go straight between the ranks (`DistGroup`); the
-driver is not in their path. Messages travel on a gloo group of their own, so that they
-also work when the model's collectives run over NCCL.
+A worker process does nothing but `serve`: build its GPU's rank from the `RankPlan` the
+driver (the process running the control plane) sends once, then, step after step,
+receive one message (a rank operation and each GPU's arguments — for a forward pass,
+its replica's `StepBatch` and copy-on-write pairs), run it on its rank, and send the
+result back (only the last stage's logits are non-trivial). The model's collectives
+inside the step go straight between the ranks (`DistGroup`); the driver is not in
+their path.
 
 Two ways to start:
 
-- **spawned** (`Engine(..., executor="mp")`): the driver spawns `world_size - 1` local
-  workers (`torch.multiprocessing`, rendezvous on a free 127.0.0.1 port);
+- **spawned** (`Engine(..., executor="mp")`): the driver spawns one worker per GPU
+  (`torch.multiprocessing`). The workers form a torch.distributed world of their own
+  (rendezvous on a free 127.0.0.1 port); the driver joins none and talks to each worker
+  over a pipe — as vLLM v1's engine core drives its multiprocess workers. So a driver
+  holds any number of such engines at once: the prefill and decode groups of a P/D
+  system each have their own world (`disagg.py`).
 - **under torchrun** (`torchrun --nnodes N --nproc-per-node G -m labkit replay ...
-  --executor mp`): every process runs `labkit replay`; RANK 0 drives, the others call
-  `serve()` (init from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
+  --executor mp`): every process runs `labkit replay`; RANK 0 drives and hosts GPU 0
+  (it is rank 0 of the launched world), the others call `serve()` (init from RANK /
+  WORLD_SIZE / MASTER_ADDR / MASTER_PORT). Messages travel on a gloo group of their
+  own (`broadcast_object_list` / `gather_object`), so that they also work when the
+  model's collectives run over NCCL. One engine per launch.
 
 A layout of one GPU (spawned) starts no worker and no group: its GPU lives in the driver.
-A process has one torch.distributed group, so it holds at most one mp engine of several
-GPUs, beside any number of one-GPU ones (a P/D pair's tp1 side, `disagg.py`).
 
 Failure: a worker that dies makes the driver raise `WorkerDied`, one line naming the
-GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed connection
-is noticed at once), and the driver stops every other worker it spawned — a watchdog
-thread kills them as soon as one exits, which also breaks the driver out of a pending
-collective. Spawned workers die with the driver (`PR_SET_PDEATHSIG`).
+GPU and how it died, within `LABKIT_MP_TIMEOUT_S` (default 300 s; a closed pipe or
+connection is noticed at once), and the driver stops every other worker of that engine
+— a watchdog thread kills them as soon as one exits, which also breaks the others out
+of a pending collective. Spawned workers die with the driver (`PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -83,36 +87,30 @@ class ProcessExecutor:
 
     def __init__(self, plan: RankPlan, mesh: Mesh) -> None:
         self.mesh, self.world_size = mesh, mesh.world_size
-        self.procs: list = []
-        self._closing = False
-        if self.world_size == 1 and not under_torchrun():
-            # one GPU lives in the driver, as GPU 0 always does: no worker, no group, so
-            # several such engines share a process (a P/D pair's tp1 side)
-            self.ctrl = None
-            self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
-                                                    plan.weights_for(mesh.places[0]),
-                                                    build_groups(mesh, 0))}, 1)
-            return
-        if dist.is_initialized():
-            raise ConfigError("executor='mp': this process already has a torch.distributed "
-                              "group (one mp engine of several GPUs per process; close the "
-                              "other first)")
+        self.procs: list = []  # spawned workers, procs[g] serves GPU g
+        self._closing = False  # workers may exit now (the watchdog stands down)
+        self._stopped = False
         self._dead: tuple | None = None  # (gpu, pid, exitcode) of the first worker to die
-        self._threads = torch.get_num_threads()  # restored on close
-        _share_cores(self.world_size)
-        if under_torchrun():
-            self._join_torchrun()
+        plan.check()  # a bad checkpoint is refused before any worker starts
+        local: dict[int, object] = {}
+        if self.world_size == 1 and not under_torchrun():
+            # one GPU lives in the driver: no worker, no group
+            self.channel = None
+            local[0] = plan.build(mesh.places[0], mesh, plan.source(), build_groups(mesh, 0))
+        elif under_torchrun():
+            self.channel = _GroupChannel(self._join_torchrun(), plan)
+            local[0] = plan.build(mesh.places[0], mesh, plan.source(), build_groups(mesh, 0))
         else:
-            self._spawn()
-        self.ctrl = dist.new_group(backend="gloo")
-        self._call(lambda: dist.broadcast_object_list([plan], src=0, group=self.ctrl))
-        groups = build_groups(mesh, 0)
-        self.ranks = RemoteRanks({0: plan.build(mesh.places[0], mesh,
-                                                plan.weights_for(mesh.places[0]), groups)},
-                                 self.world_size)
-        atexit.register(self.close)  # workers stop with the driver even if never closed
+            self.channel = self._spawn(plan)
+        self.local = local
+        self.ranks = RemoteRanks(local, self.world_size)
+        if self.channel is not None:
+            atexit.register(self.close)  # workers stop with the driver even if never closed
+            # every worker says when its rank is built: a failure shows here, not later
+            self._call(lambda: self.channel.receive(dict.fromkeys(range(self.world_size))))
 
-    def _join_torchrun(self) -> None:
+    def _join_torchrun(self) -> int:
+        """Join the launched world as its rank 0 (which hosts GPU 0); its size."""
         rank, size = torchrun_rank(), int(os.environ["WORLD_SIZE"])
         if rank != 0:
             raise ConfigError(f"executor='mp' under torchrun: RANK {rank} serves the driver "
@@ -121,46 +119,55 @@ class ProcessExecutor:
             raise ConfigError(f"torchrun started {size} processes; layout "
                               f"{self.mesh.layout.text!r} needs {self.world_size} "
                               "(one per GPU)")
+        if dist.is_initialized():
+            raise ConfigError("executor='mp' under torchrun: this process already has a "
+                              "torch.distributed group (one mp engine per launch)")
+        self._threads = torch.get_num_threads()  # restored on close
+        _share_cores(self.world_size)
         _use_local_gpu()
-        dist.init_process_group(_backend(), init_method="env://", rank=0,
-                                world_size=size, timeout=timedelta(seconds=timeout_s()))
-
-    def _spawn(self) -> None:
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = torch.multiprocessing.get_context("spawn")
-        for r in range(1, self.world_size):
-            p = ctx.Process(target=serve, args=(r, self.world_size, init, True), daemon=True,
-                            name=f"labkit-rank{r}")
-            p.start()
-            self.procs.append(p)
-        threading.Thread(target=self._watch, daemon=True, name="labkit-mp-watchdog").start()
         self._call(lambda: dist.init_process_group(
-            _backend(), init_method=init, rank=0, world_size=self.world_size,
+            _backend(), init_method="env://", rank=0, world_size=size,
             timeout=timedelta(seconds=timeout_s())))
+        return size
+
+    def _spawn(self, plan: RankPlan) -> _PipeChannel:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = torch.multiprocessing.get_context("spawn")  # (forkserver starts faster,
+        # but a driver killed by SIGKILL leaves the server and its children running)
+        conns = []
+        for r in range(self.world_size):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=serve, args=(r, self.world_size, init, theirs),
+                            daemon=True, name=f"labkit-rank{r}")
+            p.start()
+            theirs.close()  # the worker's end: a dead worker then closes the pipe
+            self.procs.append(p)
+            conns.append(mine)
+        threading.Thread(target=self._watch, daemon=True, name="labkit-mp-watchdog").start()
+        channel = _PipeChannel(conns)
+        self._call(lambda: channel.send(plan))
+        return channel
 
     # ------------------------------------------------------------------ work
     def run(self, op, args_per_gpu: list[tuple], gpus: list[int]) -> list:
         """`op(rank, *args)` on each GPU of `gpus` (in its process); results in order."""
         work = dict(zip(gpus, args_per_gpu))
-        if self.ctrl is None:  # one GPU, in this process
-            return [op(self.ranks[0], *work[0])]
-        self._call(lambda: dist.broadcast_object_list([("run", op, work)], src=0,
-                                                      group=self.ctrl))
-        mine, error = None, None
-        if 0 in work:
+        if self.channel is None:  # one GPU, in this process
+            return [op(self.local[0], *work[0])]
+        self._call(lambda: self.channel.send(("run", op, work)))
+        mine, error = {}, None
+        for g in (g for g in self.local if g in work):
             try:
-                mine = op(self.ranks[0], *work[0])
-            except Exception as err:  # noqa: BLE001 - re-raised after the gather
+                mine[g] = op(self.local[g], *work[g])
+            except Exception as err:  # noqa: BLE001 - re-raised after the replies
                 error = err
-        results: list = [None] * self.world_size
-        self._call(lambda: dist.gather_object(None if error else mine, results, dst=0,
-                                              group=self.ctrl))
+        results = self._call(lambda: self.channel.receive(work))
         if error is not None:
             raise error
-        for r in results:
+        for r in results.values():
             if isinstance(r, _Failure):
                 raise RuntimeError(f"executor='mp': GPU {r.gpu} failed: {r.message}")
-        results[0] = mine
+        results.update(mine)
         return [results[g] for g in gpus]
 
     def copy_kv(self, pairs: list[tuple[int, int]], src_blocks, dst_blocks) -> None:
@@ -191,21 +198,22 @@ class ProcessExecutor:
         """(gpu, pid, exit code) of a worker that has exited, waiting a little: a peer's
         socket can report the death before the dead process can be reaped."""
         deadline = time.monotonic() + wait_s
-        while True:
-            dead = next(((i + 1, p.pid, p.exitcode) for i, p in enumerate(self.procs)
+        while self.procs:
+            dead = next(((g, p.pid, p.exitcode) for g, p in enumerate(self.procs)
                          if p.exitcode is not None), None)
             if dead is not None or time.monotonic() > deadline:
                 return dead
             time.sleep(0.05)
+        return None
 
     # ----------------------------------------------------------- lifecycle
     def _watch(self) -> None:
         """Kill every worker as soon as one exits unasked: the driver's pending
-        collective then fails at once instead of waiting for the timeout."""
+        receive then fails at once instead of waiting for the timeout."""
         while not self._closing:
-            for i, p in enumerate(self.procs):
+            for g, p in enumerate(self.procs):
                 if p.exitcode is not None and not self._closing:
-                    self._dead = (i + 1, p.pid, p.exitcode)
+                    self._dead = (g, p.pid, p.exitcode)
                     for q in self.procs:
                         if q.exitcode is None:
                             q.kill()
@@ -213,31 +221,76 @@ class ProcessExecutor:
             threading.Event().wait(0.1)
 
     def _stop_workers(self) -> None:
-        self._closing = True
+        if self._stopped:
+            return
+        self._stopped = self._closing = True
         for p in self.procs:
             if p.exitcode is None:
                 p.kill()
         for p in self.procs:
             p.join(JOIN_S)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        torch.set_num_threads(self._threads)
+        if isinstance(self.channel, _PipeChannel):
+            self.channel.close()
+        elif self.channel is not None:  # torchrun: this process is rank 0 of the world
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            torch.set_num_threads(self._threads)
 
     def close(self) -> None:
         atexit.unregister(self.close)
-        if self._closing:
+        if self._stopped or self.channel is None:
+            self._stopped = self._closing = True
             return
-        if self.ctrl is None:
-            self._closing = True
-            return
+        self._closing = True
         try:
-            dist.broadcast_object_list([("stop",)], src=0, group=self.ctrl)
+            self.channel.send(("stop",))
         except Exception:  # noqa: BLE001 - closing anyway
             pass
-        self._closing = True
         for p in self.procs:
             p.join(JOIN_S)
         self._stop_workers()
+
+
+class _PipeChannel:
+    """Spawned workers: one pipe each; messages pickled whole (tensors by value)."""
+
+    def __init__(self, conns: list) -> None:
+        self.conns = conns  # conns[g]: GPU g's worker
+
+    def send(self, message) -> None:
+        data = pickle.dumps(message)
+        for c in self.conns:
+            c.send_bytes(data)
+
+    def receive(self, work: dict) -> dict:
+        """The results of the GPUs that had work (each answers once)."""
+        out = {}
+        for g in work:
+            if not self.conns[g].poll(timeout_s()):
+                raise TimeoutError(f"GPU {g} sent no answer within {timeout_s():.0f} s")
+            out[g] = pickle.loads(self.conns[g].recv_bytes())
+        return out
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+
+class _GroupChannel:
+    """Under torchrun: the driver is rank 0 of the world; messages go on a gloo group."""
+
+    def __init__(self, world_size: int, plan: RankPlan) -> None:
+        self.world_size = world_size
+        self.group = dist.new_group(backend="gloo")
+        self.send(plan)
+
+    def send(self, message) -> None:
+        dist.broadcast_object_list([message], src=0, group=self.group)
+
+    def receive(self, work: dict) -> dict:
+        results: list = [None] * self.world_size
+        dist.gather_object(None, results, dst=0, group=self.group)
+        return {g: results[g] for g in work if g != 0}
 
 
 def build_groups(mesh: Mesh, me: int) -> dict:
@@ -271,10 +324,11 @@ def move_blocks(rank, sending: bool, peer: int, blocks) -> None:
 
 # -------------------------------------------------------------------- worker
 def serve(rank: int | None = None, world_size: int | None = None,
-          init_method: str = "env://", spawned: bool = False) -> None:
-    """A worker's life: join the group, build the rank the driver describes, run each
-    message's operation until the driver says stop (or goes away)."""
-    if spawned:
+          init_method: str = "env://", conn=None) -> None:
+    """A worker's life: join the world, build the rank the driver describes, run each
+    message's operation until the driver says stop (or goes away). Spawned workers
+    hear the driver on `conn` (a pipe); under torchrun, on the world's gloo group."""
+    if conn is not None:
         _die_with_parent()
         os.environ["LOCAL_RANK"] = str(rank)  # one machine: GPU index = rank
     rank = torchrun_rank() if rank is None else rank
@@ -284,31 +338,44 @@ def serve(rank: int | None = None, world_size: int | None = None,
         _share_cores(world_size)
         dist.init_process_group(_backend(), init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s()))
-        ctrl = dist.new_group(backend="gloo")
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=ctrl)
-        plan: RankPlan = box[0]
+        if conn is not None:
+            def receive():
+                return pickle.loads(conn.recv_bytes())
+
+            def reply(result, asked: bool) -> None:
+                if asked:
+                    conn.send_bytes(pickle.dumps(result))
+        else:
+            ctrl, box = dist.new_group(backend="gloo"), [None]
+
+            def receive():
+                dist.broadcast_object_list(box, src=0, group=ctrl)
+                return box[0]
+
+            def reply(result, asked: bool) -> None:
+                dist.gather_object(result, None, dst=0, group=ctrl)
+        plan: RankPlan = receive()
         mesh = Mesh(plan.layout, plan.spec)
-        local = plan.build(mesh.places[rank], mesh, plan.weights_for(mesh.places[rank]),
-                           build_groups(mesh, rank))
+        local = plan.build(mesh.places[rank], mesh, plan.source(), build_groups(mesh, rank))
+        reply(None, True)  # built
         while True:
-            dist.broadcast_object_list(box, src=0, group=ctrl)
-            if box[0][0] == "stop":
+            message = receive()
+            if message[0] == "stop":
                 break
-            _, op, work = box[0]
+            _, op, work = message
             result = None
             if rank in work:
                 try:
                     result = _to_cpu(op(local, *work[rank]))
                 except Exception as err:  # noqa: BLE001 - reported to the driver
                     result = _Failure(rank, f"{type(err).__name__}: {err}")
-            dist.gather_object(result, None, dst=0, group=ctrl)
+            reply(result, rank in work)
         dist.destroy_process_group()
-        if spawned:  # nothing left to flush: skip the slow interpreter teardown
+        if conn is not None:  # nothing left to flush: skip the slow interpreter teardown
             os._exit(0)
-    except (dist.DistError, RuntimeError) as err:  # the driver or a peer went away
+    except (dist.DistError, RuntimeError, EOFError, OSError) as err:  # the driver or a
         line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"labkit rank {rank}: stopping ({line})", file=sys.stderr)
+        print(f"labkit rank {rank}: stopping ({line})", file=sys.stderr)  # peer went away
         os._exit(1)
 
 

@@ -1,8 +1,9 @@
 """Which weights a rank holds: its stage's layers, its TP slice, its experts.
 
-Starting from the full model (seeded or loaded), a rank keeps the decoder layers of its
+Reading from a weight source (weight_source.py: the full model in memory, seeds, or a
+checkpoint read piece by piece), a rank keeps the decoder layers of its
 pipeline stage, the embedding if it is the first stage and the final norm and LM head
-if it is the last; every tensor is cut to its TP slice (`models.sharding.tp_shard`:
+if it is the last; every tensor is cut to its TP slice (`models.sharding.tp_part`:
 heads, MLP columns; MLA's latent projections, routers and the DSA indexer replicated).
 Routed experts go to the EP group when there is one — whole experts, only those this
 rank owns — and are TP-sliced like any MLP otherwise.
@@ -13,38 +14,39 @@ from __future__ import annotations
 import torch
 
 from labkit.engine.compute.mesh import RankPlace
-from labkit.engine.compute.models.reference import lm_head_weight
-from labkit.engine.compute.models.sharding import tp_shard
+from labkit.engine.compute.models.sharding import WHOLE, tp_part
 from labkit.engine.compute.moe_parallel import owned_experts
+from labkit.engine.compute.weight_source import as_source
 from labkit.specs.layout import Layout
 from labkit.specs.models import ModelSpec
 
 Tensor = torch.Tensor
 
 
-def rank_weights(spec: ModelSpec, full: dict[str, Tensor], place: RankPlace, layout: Layout,
+def rank_weights(spec: ModelSpec, source, place: RankPlace, layout: Layout,
                  device="cpu") -> dict:
-    """`{layer: its tensors (prefix stripped), "model": embedding / norm / head}`."""
+    """`{layer: its tensors (prefix stripped), "model": embedding / norm / head}`, read
+    from `source` (a weight source, or a dict of the full tensors): only the tensors
+    this GPU holds, and of each only its piece."""
+    source = as_source(source)
+    names = rank_tensor_names(spec, layout, place, source.shapes)
     out: dict = {}
-    keep = (range(0) if layout.ep == 1
-            else owned_experts(spec.num_experts, layout.ep, place.ep_index))
     for layer in place.layers:
         prefix = f"model.layers.{layer}."
-        named = {k: v for k, v in full.items() if k.startswith(prefix)}
-        if layout.ep == 1:
-            sliced = tp_shard(spec, named, place.tp_index, layout.tp)
-        else:
-            rest = {k: v for k, v in named.items() if ".mlp.experts." not in k}
-            sliced = tp_shard(spec, rest, place.tp_index, layout.tp)
-            sliced.update({k: v for k, v in named.items()
-                           if ".mlp.experts." in k and _expert_id(k) in keep})
-        out[layer] = {k[len(prefix):]: v.to(device) for k, v in sliced.items()}
+        out[layer] = {}
+        for name in (n for n in names if n.startswith(prefix)):
+            whole_expert = layout.ep > 1 and ".mlp.experts." in name  # EP: whole experts
+            part = WHOLE if whole_expert else tp_part(spec, name, source.shapes[name],
+                                                      place.tp_index, layout.tp)
+            out[layer][name[len(prefix):]] = source.read(name, part).to(device)
     model = {}
     if place.first_stage:
-        model["model.embed_tokens.weight"] = full["model.embed_tokens.weight"].to(device)
+        model["model.embed_tokens.weight"] = source.read("model.embed_tokens.weight").to(device)
     if place.last_stage:
-        model["model.norm.weight"] = full["model.norm.weight"].to(device)
-        model["lm_head.weight"] = lm_head_weight(full).to(device)
+        model["model.norm.weight"] = source.read("model.norm.weight").to(device)
+        head = "lm_head.weight" if "lm_head.weight" in source.shapes \
+            else "model.embed_tokens.weight"  # tied: the head is the embedding
+        model["lm_head.weight"] = source.read(head).to(device)
     out["model"] = model
     return out
 

@@ -13,11 +13,16 @@ its own way). Rank r of N takes the r-th of N equal chunks along the split dim:
 - replicated: embeddings, LM head, norms, router and its bias, MLA q_a_proj /
   kv_a_proj_with_mqa (the latent is per token, not per head: TP replicates it), the DSA
   indexer, KDA f_a_proj / g_a_proj / o_norm, MTP eh_proj.
+
+`tp_part` says which piece (a `Part`) from the name and shape alone, so a piece can be
+read from a checkpoint without the rest (`checkpoint.CheckpointReader`); `tp_shard`
+cuts the pieces out of whole tensors.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import torch
 
@@ -32,35 +37,60 @@ _ONCE = re.compile(r"(o_proj|down_proj)\.bias$")
 _KV = re.compile(r"self_attn\.[kv]_proj\.(weight|bias)$")
 
 
-def _chunk(t: torch.Tensor, dim: int, parts: int, index: int, name: str) -> torch.Tensor:
-    if t.shape[dim] % parts:
-        raise ValueError(f"cannot split {name} {tuple(t.shape)} into {parts} along dim {dim}")
-    return t.chunk(parts, dim=dim)[index].contiguous()
+class Part(NamedTuple):
+    """A rank's piece of one tensor: the entries [start, stop) along `dim` (`dim` None:
+    the whole tensor), or, with `zeros`, zeros of the whole tensor's shape."""
+
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+    zeros: bool = False
+
+
+WHOLE = Part()
+
+
+def _piece(shape: tuple[int, ...], dim: int, parts: int, index: int, name: str) -> Part:
+    if shape[dim] % parts:
+        raise ValueError(f"cannot split {name} {tuple(shape)} into {parts} along dim {dim}")
+    n = shape[dim] // parts
+    return Part(dim, index * n, (index + 1) * n)
+
+
+def tp_part(spec: ModelSpec, name: str, shape: tuple[int, ...], rank: int,
+            size: int) -> Part:
+    """Which piece of tensor `name` (of the full `shape`) TP rank `rank` of `size` holds."""
+    gqa_kv = _KV.search(name) and not spec.is_mla and not _is_linear(spec, name)
+    if gqa_kv:
+        kv = spec.num_kv_heads
+        if kv % size == 0:
+            return _piece(shape, 0, size, rank, name)
+        if size % kv == 0:
+            return _piece(shape, 0, kv, rank // (size // kv), name)
+        raise ValueError(f"{kv} KV heads fit neither side of TP {size}")
+    if _ROWS.search(name) or _KV.search(name):
+        return _piece(shape, 0, size, rank, name)
+    if _COLS.search(name):
+        return _piece(shape, 1, size, rank, name)
+    if _ONCE.search(name):
+        return WHOLE if rank == 0 else Part(zeros=True)
+    return WHOLE
+
+
+def apply_part(t: torch.Tensor, part: Part) -> torch.Tensor:
+    """`part` of the whole tensor `t`."""
+    if part.zeros:
+        return torch.zeros_like(t)
+    if part.dim is None:
+        return t
+    return t.narrow(part.dim, part.start, part.stop - part.start).contiguous()
 
 
 def tp_shard(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int,
              size: int) -> dict[str, torch.Tensor]:
     """Rank `rank`'s slice of every tensor for tensor parallelism of degree `size`."""
-    out = {}
-    for name, t in weights.items():
-        gqa_kv = _KV.search(name) and not spec.is_mla and not _is_linear(spec, name)
-        if gqa_kv:
-            kv = spec.num_kv_heads
-            if kv % size == 0:
-                out[name] = _chunk(t, 0, size, rank, name)
-            elif size % kv == 0:
-                out[name] = _chunk(t, 0, kv, rank // (size // kv), name)
-            else:
-                raise ValueError(f"{kv} KV heads fit neither side of TP {size}")
-        elif _ROWS.search(name) or (_KV.search(name) and not gqa_kv):
-            out[name] = _chunk(t, 0, size, rank, name)
-        elif _COLS.search(name):
-            out[name] = _chunk(t, 1, size, rank, name)
-        elif _ONCE.search(name):
-            out[name] = t if rank == 0 else torch.zeros_like(t)
-        else:
-            out[name] = t
-    return out
+    return {name: apply_part(t, tp_part(spec, name, tuple(t.shape), rank, size))
+            for name, t in weights.items()}
 
 
 def _is_linear(spec: ModelSpec, name: str) -> bool:
