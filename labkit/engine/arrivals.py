@@ -27,6 +27,11 @@ class Arrivals:
         self._arrivals: list = []  # (time, seq, request), a heap
         self._seq = 0
 
+    @property
+    def num_pending(self) -> int:
+        """Requests submitted that have not reached the router yet."""
+        return len(self._arrivals)
+
     def submit(self, req: Request, at: float | None = None) -> None:
         """Schedule req to reach the router at time `at` (default: now)."""
         at = self.now if at is None else at

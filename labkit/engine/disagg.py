@@ -209,8 +209,7 @@ class PDEngine(Arrivals):
             return
         g = self._home.get(req.session_id)
         if g is None:
-            loads = [sum(e.router.load(r) for r in range(len(e.schedulers)))
-                     for e in self.decode]
+            loads = [self._decode_load(e) for e in self.decode]
             g = self._home[req.session_id] = loads.index(min(loads))
         arrival, first = req.arrival_s, req.first_token_s
         req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
@@ -221,6 +220,14 @@ class PDEngine(Arrivals):
         # joins is cut as that says: `Engine._arrive`)
         req.arrival_s = arrival
         req.first_token_s = first
+
+    @staticmethod
+    def _decode_load(group: Engine) -> int:
+        """A decode group's load as its router weighs it, counting the hand-overs on
+        their way there as waiting: calls prefilled in one step are all sent before any
+        arrives, and would otherwise all pick the same group."""
+        queued = sum(group.router.load(r) for r in range(len(group.schedulers)))
+        return queued + group.router.WAITING_WEIGHT * group.num_pending
 
     def _offer_handoff(self, req: Request, cached: int, now: float) -> PrefixTransfer | None:
         """Decode admission (a prefix source): the prompt KV the prefill group holds."""

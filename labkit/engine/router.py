@@ -26,6 +26,8 @@ from labkit.specs.config import ROUTER_POLICIES
 class Router:
     # prefix_aware falls back to least_loaded when loads differ by more than this.
     BALANCE_THRESHOLD = 8
+    # a waiting request weighs this many running ones in a rank's load (vLLM's DP balancer)
+    WAITING_WEIGHT = 4
 
     def __init__(self, policy: str, schedulers: list, events: EventBus) -> None:
         if policy not in ROUTER_POLICIES:
@@ -44,7 +46,7 @@ class Router:
 
     def load(self, rank: int) -> int:
         s = self.schedulers[rank]
-        return 4 * s.num_waiting + s.num_running
+        return self.WAITING_WEIGHT * s.num_waiting + s.num_running
 
     def tokens_in_flight(self, rank: int) -> int:
         s = self.schedulers[rank]

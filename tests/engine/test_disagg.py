@@ -145,3 +145,19 @@ def test_sliding_window_models_send_the_window_not_the_context():
     # 9 or 10 blocks of 16, however long the prompt it received
     assert len(spans) > 100 and max(spans) <= 10
     assert max(t["tokens"] for t in engine.transfers) > 50 * 16
+
+
+def test_calls_prefilled_in_one_step_spread_over_the_decode_groups():
+    """Hand-overs sent in the same step count as waiting where they go: four new
+    sessions prefilled together land two and two on two idle decode groups (counting
+    only what has arrived, all four would pick group 0)."""
+    engine = PDEngine("llama-3.1-8b", "tp1", "tp1", "h200", num_prefill=1, num_decode=2)
+    for i in range(4):
+        engine.submit_prompt(list(range(10 * i, 10 * i + 64)), max_output_tokens=8,
+                             request_id=f"call-{i}", at=0.0)
+    engine.run_until()
+    firsts = {engine.requests[f"call-{i}"].first_token_s for i in range(4)}
+    assert len(firsts) == 1  # one prefill step computed every prompt
+    served = [sorted(rid for rid in d.requests) for d in engine.decode]
+    assert sorted(map(len, served)) == [2, 2], served
+    assert all(engine.requests[f"call-{i}"].num_output_tokens == 8 for i in range(4))
