@@ -52,6 +52,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -328,6 +329,15 @@ def this_interpreter_kernel_manager():
                     resource_dir=RESOURCES, argv=spec["argv"], language=spec["language"],
                     display_name=spec["display_name"], metadata=spec["metadata"])
             return self._kernel_spec
+
+        async def start_kernel(self, **kw):
+            # The kernel's own log stays off the sweep's terminal: jupyter_client
+            # interrupts a kernel before shutting it down, and ipykernel logs that
+            # interrupt ("KeyboardInterrupt caught in kernel") whenever it lands inside a
+            # message handler, at random. What a run does wrong reaches the sweep through
+            # the kernel's messages (a traceback, or a dead kernel), not this stream.
+            kw.setdefault("stderr", subprocess.DEVNULL)
+            return await super().start_kernel(**kw)
 
     return ThisInterpreterKernelManager
 

@@ -50,3 +50,30 @@ def test_overwrite_replaces_the_runs_of_the_grid(tmp_path, capsys):
     results = pd.read_parquet(out / "results.parquet")
     assert results["double"].tolist() == [10]
     assert "stale.txt" not in tree(out / "00")
+
+
+def test_a_kernels_own_stderr_stays_off_the_terminal(tmp_path, capfd):
+    """A run's kernel writes its log (e.g. ipykernel's "KeyboardInterrupt caught in
+    kernel" when jupyter_client interrupts it before shutdown) to its process's stderr;
+    that stream is dropped, while what the cells print still reaches the run's
+    notebook."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from labkit.experiments.sweep import execute_run
+
+    nb = new_notebook(cells=[new_code_cell("output_dir = None"),
+                             new_code_cell("import os, json\n"
+                                           "os.write(2, b'kernel-process-stderr\\n')\n"
+                                           "print('cell-output')\n"
+                                           "json.dump({}, open(os.path.join(output_dir, "
+                                           "'summary.json'), 'w'))")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    status, error, _ = execute_run(str(tmp_path / "nb.ipynb"), str(tmp_path / "run"), {},
+                                   str(tmp_path))
+    assert (status, error) == ("ok", None)
+    assert "kernel-process-stderr" not in capfd.readouterr().err
+    assert "cell-output" in (tmp_path / "run" / "notebook.ipynb").read_text()
