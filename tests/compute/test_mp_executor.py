@@ -79,6 +79,21 @@ def test_killed_worker_stops_the_run():
     eng.data_plane.close()  # closing a failed plane is harmless
 
 
+def test_the_first_death_is_named_not_a_worker_the_watchdog_killed_after_it():
+    """The watchdog records the first worker to die, then kills the others. A driver
+    that scans the workers after that sees GPU 0 dead too; it must still name GPU 1."""
+    from types import SimpleNamespace
+
+    from labkit.engine.compute.mp_executor import ProcessExecutor
+
+    executor = object.__new__(ProcessExecutor)
+    executor.procs = [SimpleNamespace(pid=10, exitcode=-9), SimpleNamespace(pid=11, exitcode=-9)]
+    executor._dead = (1, 11, -9)  # what the watchdog saw first
+    assert executor._first_dead(wait_s=0.0) == (1, 11, -9)
+    executor._dead = None  # no watchdog report yet: the scan decides
+    assert executor._first_dead(wait_s=0.0) == (0, 10, -9)
+
+
 def agentic(executor: str):
     eng = compute_engine("tiny-qwen3-moe", "dep2", executor=executor)
     try:

@@ -201,6 +201,9 @@ class ProcessExecutor:
         while self.procs:
             dead = next(((g, p.pid, p.exitcode) for g, p in enumerate(self.procs)
                          if p.exitcode is not None), None)
+            # The watchdog records the first death before killing the rest, so a worker
+            # it killed is never taken for the one that died first.
+            dead = self._dead or dead
             if dead is not None or time.monotonic() > deadline:
                 return dead
             time.sleep(0.05)
