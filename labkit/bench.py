@@ -16,7 +16,8 @@ prints, for each claim, the model's numbers and a verdict read off them (see
 (b) steps per CPU second and times real time of closed-loop AgentX-like replays at
     concurrency 64: qwen3-30b-a3b dp16 (fast steps, 16 instances) and deepseek-v3
     dep16 with MTP (slow steps), `duration_s` simulated seconds (default 600), each
-    with the step model's memo off (the old path) and on (`bench_sim.py`), then
+    step by step, fast-forwarded without the step model's memo, and with both
+    (`bench_sim.py`: the speed-ups over step by step, and that all agree), then
     deepseek-v3 sessions started part-way (AgentX's warm start);
 (c) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
     same new tokens. Lookup must follow the new tokens, not the context: ratio ~1.

@@ -10,7 +10,10 @@
 
 Each runs twice in one process: with the step model's exact memo off (the code path
 before it, `sim_step_cache=False`) and on (the default). The two must agree bit for bit
-(checked and printed). Printed per run: simulated seconds, steps (engine steps, and
+(checked and printed). Then the first `STEP_BY_STEP_S` simulated seconds run once more
+step by step (no fast-forward, no memo: every step scheduled, priced and committed on its
+own, the simulator's reference path, ~1x real time on the fast workload) and once with
+the defaults: the speed-up of the default path over it, and that the two agree. Printed per run: simulated seconds, steps (engine steps, and
 rank-steps: rows of the steps table), CPU seconds of this process (the machine may be
 shared: CPU time is what a core spent), wall seconds, steps per CPU second, and times
 real time (simulated seconds per CPU second).
@@ -39,11 +42,15 @@ def workloads():
             ("deepseek-v3 dep16 MTP (slow steps)", SLOW, slow)]
 
 
-def timed_replay(knobs: dict, trace, duration_s: float, cache: bool):
+STEP_BY_STEP_S = 30.0  # simulated seconds compared with the step-by-step path
+
+
+def timed_replay(knobs: dict, trace, duration_s: float, cache: bool,
+                 fast_forward: bool = True):
     """One closed-loop c64 replay; (result, CPU seconds, wall seconds)."""
     from labkit import Engine
 
-    engine = Engine(**knobs, sim_step_cache=cache)
+    engine = Engine(**knobs, sim_step_cache=cache, sim_fast_forward=fast_forward)
     cpu, wall = time.process_time(), time.perf_counter()
     result = engine.replay(trace, concurrency=64, duration_s=duration_s, start_part_way=False)
     return result, time.process_time() - cpu, time.perf_counter() - wall
@@ -57,19 +64,35 @@ def bench_sim_speed(duration_s: float = 600.0) -> pd.DataFrame:
         for cache in (False, True):
             result, cpu, wall = timed_replay(knobs, trace, duration_s, cache)
             results[cache] = result
-            s = result.summary
-            row = {"workload": label, "path": "memo" if cache else "no memo",
-                   "sim_s": s["sim_duration_s"], "steps": s["steps"],
-                   "rank_steps": len(result.steps), "cpu_s": cpu, "wall_s": wall,
-                   "steps_per_s": s["steps"] / cpu, "rank_steps_per_s": len(result.steps) / cpu,
-                   "x_real_time": s["sim_duration_s"] / cpu}
+            row = _row(label, "memo" if cache else "no memo", result, cpu, wall)
             rows.append(row)
             print(f"    {row['path']:>8}: {row['sim_s']:.0f} sim s, {row['steps']:,} steps "
                   f"({row['rank_steps']:,} rank-steps), {cpu:.2f} CPU s ({wall:.2f} wall s): "
                   f"{row['steps_per_s']:,.0f} steps/s, {row['x_real_time']:,.0f}x real time")
         print(f"    speed-up {rows[-2]['cpu_s'] / rows[-1]['cpu_s']:.2f}x; results identical: "
               f"{_identical(results[False], results[True])}")
+        rows.append(_against_step_by_step(label, knobs, trace, min(duration_s, STEP_BY_STEP_S)))
     return pd.DataFrame(rows)
+
+
+def _against_step_by_step(label: str, knobs: dict, trace, duration_s: float) -> dict:
+    """The default path against step by step over the first `duration_s`."""
+    slow, slow_cpu, slow_wall = timed_replay(knobs, trace, duration_s, False,
+                                             fast_forward=False)
+    fast, fast_cpu, _ = timed_replay(knobs, trace, duration_s, True)
+    same = _identical(slow, fast)
+    print(f"    first {duration_s:.0f} sim s step by step: {slow_cpu:.2f} CPU s, default "
+          f"{fast_cpu:.2f}: {slow_cpu / fast_cpu:.1f}x faster; results identical: {same}")
+    return {**_row(label, "step by step", slow, slow_cpu, slow_wall),
+            "default_speed_up": slow_cpu / fast_cpu, "identical": same}
+
+
+def _row(label: str, path: str, result, cpu: float, wall: float) -> dict:
+    s = result.summary
+    return {"workload": label, "path": path, "sim_s": s["sim_duration_s"], "steps": s["steps"],
+            "rank_steps": len(result.steps), "cpu_s": cpu, "wall_s": wall,
+            "steps_per_s": s["steps"] / cpu, "rank_steps_per_s": len(result.steps) / cpu,
+            "x_real_time": s["sim_duration_s"] / cpu}
 
 
 def _identical(a, b) -> bool:
