@@ -113,6 +113,7 @@ class PDEngine(Arrivals):
         self._prefilled_calls: dict[str, Request] = {}  # prompt done and sent: for results
         self._home: dict[str, int] = {}  # session -> decode group
         self.transfers: list[dict] = []  # one row per P->D transfer
+        self._landings: list = []  # (time, seq, request id): the prefill KV freed then
 
     # ------------------------------------------------------------- set-up
     @property
@@ -136,11 +137,14 @@ class PDEngine(Arrivals):
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode
 
-    def _next(self) -> tuple[float, Engine | None]:
+    def _next(self) -> tuple[float, Engine | str | None]:
         """When the next event happens, and in which group (None: a P/D arrival, which
-        goes first on a tie)."""
+        goes first on a tie; then "landing": a hand-over's KV landed, its prefill blocks
+        are freed)."""
         t = self._arrivals[0][0] if self._arrivals else math.inf
         source = None
+        if self._landings and self._landings[0][0] < t:
+            t, source = self._landings[0][0], "landing"
         for e in self._engines():
             te = e.next_event_time()
             if te < t:
@@ -169,6 +173,9 @@ class PDEngine(Arrivals):
             self.now = t
             if engine is None:
                 self._route(heapq.heappop(self._arrivals)[2])
+                continue
+            if engine == "landing":
+                self._release_prefill(heapq.heappop(self._landings)[2])
                 continue
             engine.stop_s = self.stop_s
             if engine.process_event() == "commit":
@@ -214,11 +221,10 @@ class PDEngine(Arrivals):
         arrival, first = req.arrival_s, req.first_token_s
         req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
         self._decode_of[req.request_id] = self.decode[g]
+        # it reaches the decode group now (`enqueued_s`), a newcomer its scheduler sees as
+        # it sees any (async scheduling: from the step after next when busy)...
         self.decode[g].submit(req, at=t)
-        # the call's own arrival, for TTFT and E2EL; so the decode scheduler sees the
-        # hand-over at once, with no async-scheduling lag (and a fast-forwarded run it
-        # joins is cut as that says: `Engine._arrive`)
-        req.arrival_s = arrival
+        req.arrival_s = arrival  # ...the call's own arrival stays, for TTFT and E2EL
         req.first_token_s = first
 
     @staticmethod
@@ -244,6 +250,7 @@ class PDEngine(Arrivals):
 
         def admit(r: Request, now: float) -> float:
             r.num_transferred_tokens = tokens - cached
+            r.async_kv_load = True  # its landing is seen as vLLM's NIXL reads are
             if decode.events.wants(KVTransferred):
                 decode.events.emit(KVTransferred(now, r.rank, r.request_id, cached,
                                                  tokens - cached, seconds))
@@ -252,7 +259,9 @@ class PDEngine(Arrivals):
             self.transfers.append({"request_id": r.request_id, "start_s": now,
                                    "seconds": seconds, "tokens": tokens - cached,
                                    "decode_cached_tokens": cached})
-            self._release_prefill(r.request_id)
+            # the prefill blocks stay held until the copy has landed (vLLM frees them when
+            # the decode side's read is done)
+            heapq.heappush(self._landings, (now + seconds, r.seq, r.request_id))
             return seconds
         return PrefixTransfer(tokens, seconds, admit)
 
