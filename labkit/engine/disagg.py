@@ -19,21 +19,23 @@ events by time. A call goes:
    previous call still caches its prompt and output, so only the new part of the
    prompt crosses the network — prefix reuse survives the conversion. The decode
    scheduler admits it like a fetched prefix (`transfer.py`): the call holds its
-   blocks and waits for the transfer, other calls keep decoding.
+   blocks and waits for the transfer, other calls keep decoding. It sees the call, and
+   later its landed KV, as vLLM's decode engine does under async scheduling: a step
+   late when busy (`Request.enqueued_s`, `async_kv_load`; docs/disagg.md).
 3. The transfer moves the prompt tokens the decode group lacks: each prefill GPU sends
    its shard, each decode GPU receives its own share, and the decode side rewrites
    the token-sharded layout into its paged one (a pass over HBM). On the compute
    plane the bytes really move: the prefill side's plane exports them (`ExportKV`, a
    step command; its bytes come back in a report) and the decode side's imports them
-   (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Then the
-   prefill blocks are released (into the prefill prefix cache).
+   (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Once the
+   copy has landed the prefill blocks are released (into the prefill prefix cache).
 
 The two layouts must agree on what a KV block is: the same block size and KV dtype
 (see `check_pd_pair`); anything else is converted.
 
 Fast-forward (`decode_run.py`) is exact here too (`tests/engine/test_pd_fast_forward.py`):
-a hand-over cuts the decode run it joins where its scheduler first sees it, and the step
-after its KV lands is a single step (it takes the landed blocks into the prefix cache).
+a hand-over cuts the decode run it joins where its scheduler first sees it, and the steps
+from its KV's landing until one takes the landed blocks into the prefix cache are single.
 """
 
 from __future__ import annotations
@@ -286,7 +288,7 @@ class PDEngine(Arrivals):
         dst.append(KVSpan(_ids(dst_kv.table(req.request_id)), start, stop, full))
         state = stop if spec.linear_layers else None  # the state crosses whole
         prefill.outbox.send(ExportKV(req.request_id, shadow.rank, req.request_id, src, state))
-        prefill.flush_commands()  # now: the prefill blocks are released right after
+        prefill.flush_commands()  # now: its bytes go into the decode side's import
         sent = [r for r in prefill.outbox.take_reports(KVExported)
                 if r.transfer == req.request_id]
         decode.outbox.send(ImportKV(req.rank, req.request_id, dst, sent[-1].payload, state))
