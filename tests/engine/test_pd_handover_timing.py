@@ -80,3 +80,20 @@ def test_an_idle_decode_group_sees_a_hand_over_and_its_landing_at_once():
     assert a.first_token_s == STEP
     assert a.first_token_s + a.itl[0] == pytest.approx(land + STEP, abs=1e-12)
     assert a.finish_s == pytest.approx(land + 3 * STEP, abs=1e-9)
+
+
+def test_without_async_scheduling_the_next_step_sees_both():
+    """The same two calls, async scheduling off: B is admitted by the first step that
+    starts after it came (step 4) and decodes from the first that starts after its KV
+    landed (step 5)."""
+    engine = PDEngine("llama-3.1-8b", "tp1", "tp1", cost_model=FixedStepCost(),
+                      async_scheduling=False)
+    p, d = engine.prefill[0], engine.decode[0]
+    land_a = STEP + transfer_seconds(p, d, 1000)
+    a, b = Request("a", "sa", 1000, 100, 0.0), Request("b", "sb", 200, 10, 0.0)
+    engine.submit(a, at=0.0)
+    engine.submit(b, at=land_a + 0.0245)
+    engine.run_until(1.5)
+    assert engine.transfers[1]["start_s"] == pytest.approx(land_a + 4 * STEP, abs=1e-12)
+    assert land_a + 4 * STEP + transfer_seconds(p, d, 200) < land_a + 5 * STEP
+    assert b.first_token_s + b.itl[0] == pytest.approx(land_a + 6 * STEP, abs=1e-9)
