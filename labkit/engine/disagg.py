@@ -19,21 +19,23 @@ events by time. A call goes:
    previous call still caches its prompt and output, so only the new part of the
    prompt crosses the network — prefix reuse survives the conversion. The decode
    scheduler admits it like a fetched prefix (`transfer.py`): the call holds its
-   blocks and waits for the transfer, other calls keep decoding.
+   blocks and waits for the transfer, other calls keep decoding. It sees the call, and
+   later its landed KV, as vLLM's decode engine does under async scheduling: a step
+   late when busy (`Request.enqueued_s`, `async_kv_load`; docs/disagg.md).
 3. The transfer moves the prompt tokens the decode group lacks: each prefill GPU sends
    its shard, each decode GPU receives its own share, and the decode side rewrites
    the token-sharded layout into its paged one (a pass over HBM). On the compute
    plane the bytes really move: the prefill side's plane exports them (`ExportKV`, a
    step command; its bytes come back in a report) and the decode side's imports them
-   (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Then the
-   prefill blocks are released (into the prefill prefix cache).
+   (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Once the
+   copy has landed the prefill blocks are released (into the prefill prefix cache).
 
 The two layouts must agree on what a KV block is: the same block size and KV dtype
 (see `check_pd_pair`); anything else is converted.
 
 Fast-forward (`decode_run.py`) is exact here too (`tests/engine/test_pd_fast_forward.py`):
-a hand-over cuts the decode run it joins where its scheduler first sees it, and the step
-after its KV lands is a single step (it takes the landed blocks into the prefix cache).
+a hand-over cuts the decode run it joins where its scheduler first sees it, and the steps
+from its KV's landing until one takes the landed blocks into the prefix cache are single.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class PDEngine(Arrivals):
         self._prefilled_calls: dict[str, Request] = {}  # prompt done and sent: for results
         self._home: dict[str, int] = {}  # session -> decode group
         self.transfers: list[dict] = []  # one row per P->D transfer
+        self._landings: list = []  # (time, seq, request id): the prefill KV freed then
 
     # ------------------------------------------------------------- set-up
     @property
@@ -136,11 +139,14 @@ class PDEngine(Arrivals):
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode
 
-    def _next(self) -> tuple[float, Engine | None]:
+    def _next(self) -> tuple[float, Engine | str | None]:
         """When the next event happens, and in which group (None: a P/D arrival, which
-        goes first on a tie)."""
+        goes first on a tie; then "landing": a hand-over's KV landed, its prefill blocks
+        are freed)."""
         t = self._arrivals[0][0] if self._arrivals else math.inf
         source = None
+        if self._landings and self._landings[0][0] < t:
+            t, source = self._landings[0][0], "landing"
         for e in self._engines():
             te = e.next_event_time()
             if te < t:
@@ -169,6 +175,9 @@ class PDEngine(Arrivals):
             self.now = t
             if engine is None:
                 self._route(heapq.heappop(self._arrivals)[2])
+                continue
+            if engine == "landing":
+                self._release_prefill(heapq.heappop(self._landings)[2])
                 continue
             engine.stop_s = self.stop_s
             if engine.process_event() == "commit":
@@ -214,11 +223,10 @@ class PDEngine(Arrivals):
         arrival, first = req.arrival_s, req.first_token_s
         req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
         self._decode_of[req.request_id] = self.decode[g]
+        # it reaches the decode group now (`enqueued_s`), a newcomer its scheduler sees as
+        # it sees any (async scheduling: from the step after next when busy)...
         self.decode[g].submit(req, at=t)
-        # the call's own arrival, for TTFT and E2EL; so the decode scheduler sees the
-        # hand-over at once, with no async-scheduling lag (and a fast-forwarded run it
-        # joins is cut as that says: `Engine._arrive`)
-        req.arrival_s = arrival
+        req.arrival_s = arrival  # ...the call's own arrival stays, for TTFT and E2EL
         req.first_token_s = first
 
     @staticmethod
@@ -244,6 +252,7 @@ class PDEngine(Arrivals):
 
         def admit(r: Request, now: float) -> float:
             r.num_transferred_tokens = tokens - cached
+            r.async_kv_load = True  # its landing is seen as vLLM's NIXL reads are
             if decode.events.wants(KVTransferred):
                 decode.events.emit(KVTransferred(now, r.rank, r.request_id, cached,
                                                  tokens - cached, seconds))
@@ -252,7 +261,9 @@ class PDEngine(Arrivals):
             self.transfers.append({"request_id": r.request_id, "start_s": now,
                                    "seconds": seconds, "tokens": tokens - cached,
                                    "decode_cached_tokens": cached})
-            self._release_prefill(r.request_id)
+            # the prefill blocks stay held until the copy has landed (vLLM frees them when
+            # the decode side's read is done)
+            heapq.heappush(self._landings, (now + seconds, r.seq, r.request_id))
             return seconds
         return PrefixTransfer(tokens, seconds, admit)
 
@@ -277,7 +288,7 @@ class PDEngine(Arrivals):
         dst.append(KVSpan(_ids(dst_kv.table(req.request_id)), start, stop, full))
         state = stop if spec.linear_layers else None  # the state crosses whole
         prefill.outbox.send(ExportKV(req.request_id, shadow.rank, req.request_id, src, state))
-        prefill.flush_commands()  # now: the prefill blocks are released right after
+        prefill.flush_commands()  # now: its bytes go into the decode side's import
         sent = [r for r in prefill.outbox.take_reports(KVExported)
                 if r.transfer == req.request_id]
         decode.outbox.send(ImportKV(req.rank, req.request_id, dst, sent[-1].payload, state))

@@ -354,10 +354,11 @@ class Engine(Arrivals):
         # another rank fetches from it: the other runs play on when they commit)
         rank = self.router.route(req, self.now)
         target = self._instance_of[rank]
-        # ...and cut the one the newcomer joins, at its arrival as its scheduler sees it (a
-        # P/D hand-over keeps its call's); the others' runs go on (a step-by-step replay
-        # takes the same steps)
-        if target.sync(self.now, arrival_s=req.arrival_s):
+        # ...and cut the one the newcomer joins; the others' runs go on (a step-by-step
+        # replay takes the same steps). Its scheduler judges it visible from now (a P/D
+        # hand-over too: it reaches its decode group now, its call arrived earlier)
+        req.enqueued_s = self.now
+        if target.sync(self.now):
             target.plan_version += 1
             self._push_timer(target.plan.end, _COMMIT, target)
         self.schedulers[rank].add_request(req)

@@ -191,13 +191,12 @@ class Instance:
         self.plan = None
         return finished
 
-    def sync(self, t: float, cut: bool = True, arrival_s: float | None = None) -> bool:
+    def sync(self, t: float, cut: bool = True) -> bool:
         """Someone looks at this instance at time t (an arrival is being routed). If
         a fast-forwarded run is under way, play it up to t — the steps begun before t
         have allocated, those ended before t have emitted — and, if `cut`, cut it after
-        the step in progress (a newcomer may join the next step). `arrival_s`: the
-        newcomer's arrival as its scheduler judges it visible (default t; a P/D
-        hand-over keeps its call's, `disagg.py`). Returns True if the plan's end moved."""
+        the step in progress (a newcomer, arrived at t, may join the next step). Returns
+        True if the plan's end moved."""
         plan = self.plan
         if plan is None or plan.run is None or t >= plan.end:
             return False
@@ -208,7 +207,7 @@ class Instance:
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        keep = started + self._hides(run, started, t if arrival_s is None else arrival_s)
+        keep = started + self._hides(run, started, t)
         if cut and keep < run.steps:
             run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used

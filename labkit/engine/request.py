@@ -36,7 +36,7 @@ class Request:
     session_id: str
     num_prompt_tokens: int
     max_output_tokens: int
-    arrival_s: float
+    arrival_s: float  # the call's, as its client sees it (TTFT and E2EL count from it)
     kind: str = "main"
     parent_id: str | None = None
     priority: int = 0
@@ -58,6 +58,13 @@ class Request:
     num_fetched_tokens: int = 0  # prefix tokens fetched from another rank's cache
     num_offload_tokens: int = 0  # prefix tokens loaded from the node's offload tiers
     num_transferred_tokens: int = 0  # prompt KV received from a prefill pool (P/D)
+    # when it reached the router of the engine serving it (what async scheduling's
+    # visibility judges): arrival_s, except a P/D hand-over's, which reaches its decode
+    # group when its prompt is done (`disagg.py`); -1: arrival_s
+    enqueued_s: float = -1.0
+    # its prefix KV comes as vLLM's KV connectors pull a P/D hand-over's: the landing is
+    # seen a step late under async scheduling, like an arrival (`Scheduler.on_the_wire`)
+    async_kv_load: bool = False
     # ---- timings and counters for metrics
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
@@ -71,6 +78,8 @@ class Request:
     def __post_init__(self) -> None:
         if not self.max_tokens:
             self.max_tokens = self.num_prompt_tokens + self.max_output_tokens
+        if self.enqueued_s < 0:
+            self.enqueued_s = self.arrival_s
 
     @property
     def token_ids(self) -> list:

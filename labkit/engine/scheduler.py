@@ -101,7 +101,7 @@ class WaitingQueue:
         if self.policy == "fcfs":
             self._fifo.appendleft(req) if front else self._fifo.append(req)
         else:
-            heapq.heappush(self._heap, (req.priority, req.arrival_s, req.seq, req))
+            heapq.heappush(self._heap, (req.priority, req.enqueued_s, req.seq, req))
 
     def peek(self) -> Request:
         return self._fifo[0] if self.policy == "fcfs" else self._heap[0][3]
@@ -135,6 +135,7 @@ class Scheduler:
         # async scheduling: requests that arrived after this time are not yet visible
         # (the instance sets it before each step, as it sets `now`)
         self.visible_until = float("inf")
+        self._landed_by = 0.0  # KV that landed by then is seen (`on_the_wire`)
 
     # ----------------------------------------------------------------- state
     def add_request(self, req: Request) -> None:
@@ -176,8 +177,11 @@ class Scheduler:
         return decoding > 0
 
     def on_the_wire(self, req: Request) -> bool:
-        """Is req's prefix KV still being copied here (the steps skip it until then)?"""
-        return req.kv_ready_s > self.now
+        """Is req's prefix KV still being copied here, as this step sees it (the steps skip
+        it until then)? A P/D hand-over's landing is seen like an arrival (`async_kv_load`:
+        vLLM's worker reports it at a step's end, read after the next step is scheduled),
+        unless the rank had nothing else to run (an idle engine polls at once)."""
+        return req.kv_ready_s > (self._landed_by if req.async_kv_load else self.now)
 
     # -------------------------------------------------------------- schedule
     def schedule(self, step_index: int, throttle_prefills: bool | None = None) -> RankBatch:
@@ -189,6 +193,8 @@ class Scheduler:
         defer = throttle_prefills and not self.prefill_capacity_bound and any(
             not _computes_prefill(r) for r in self.running)
         batch = RankBatch(self.rank)
+        busy = any(not r.kv_ready_s for r in self.running)  # ran a step before this one
+        self._landed_by = self.visible_until if busy else self.now
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens, defer)
         # No preemption from here on: the blocks the prefill chunks fill can be hit.
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
@@ -205,7 +211,7 @@ class Scheduler:
         """Is a request this step could see still waiting? (vLLM's capacity-bound guard
         looks at the queue its scheduler saw; under async scheduling a request that arrived
         after the step was scheduled is not in it, so it must not read as saturation.)"""
-        return any(r.arrival_s <= self.visible_until for r in self.waiting)
+        return any(r.enqueued_s <= self.visible_until for r in self.waiting)
 
     def _schedule_running(self, batch: RankBatch, budget: int, defer: bool) -> int:
         """Running requests in order, preempting for KV as needed; returns the budget
@@ -251,7 +257,7 @@ class Scheduler:
         threshold = cfg.long_prefill_token_threshold
         while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
-            if req.arrival_s > self.visible_until:
+            if req.enqueued_s > self.visible_until:
                 break  # arrived after this step was scheduled (async scheduling)
             adopted = req.request_id in self.kv.tables  # forked from a running parent
             match = NO_MATCH if adopted else self._cached_prefix(req)
@@ -295,8 +301,9 @@ class Scheduler:
 
     def next_ready_s(self) -> float | None:
         """When the first request still fetching KV can run (None if none is)."""
-        times = [r.kv_ready_s for r in self.running if r.kv_ready_s > self.now]
-        return min(times) if times else None
+        times = [r.kv_ready_s for r in self.running if self.on_the_wire(r)]
+        # (landed, unseen as a busy rank sees it: now, for a rank left with nothing to run)
+        return max(min(times), self.now) if times else None
 
     def _cached_prefix(self, req: Request) -> PrefixMatch:
         return self.kv.lookup(req) if self.config.enable_prefix_caching else NO_MATCH
@@ -313,7 +320,7 @@ class Scheduler:
 
     def _pick_victim(self) -> Request:
         if self.config.scheduling_policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.seq))
+            return max(self.running, key=lambda r: (r.priority, r.enqueued_s, r.seq))
         return self.running[-1]
 
     def _preempt(self, req: Request, batch: RankBatch) -> None:

@@ -67,6 +67,7 @@ def _prompt_from_prefill(engine: Engine):
 
         def admit(r, now: float) -> float:
             r.num_transferred_tokens = tokens - cached
+            r.async_kv_load = True  # its landing is seen as a P/D decode group sees it
             return seconds
         return PrefixTransfer(tokens, seconds, admit)
     return offer
