@@ -182,14 +182,14 @@ class LayerStepModel:
     def _piece(self, name: str, fn, *args):
         """fn(*args), a pure piece of the step (a function of its counts), through the
         memo."""
-        return self.memo(name, args, lambda: fn(*args))
+        return self.memo(name, fn, args)
 
     def _stage(self, work: StepWork, counts: _Counts, lockstep: bool, split, padded=None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
         the step's work (a micro-batch); also the tokens through one GPU. `padded`:
         the tokens a CUDA graph runs through the GEMMs, padding included."""
         lay = self.layout
-        if not np.all(np.asarray(split) == 1):
+        if not (type(split) is float and split == 1.0) and not np.all(np.asarray(split) == 1):
             work = _share(work, split)
             counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
         dummy = counts.idle if lockstep else np.zeros_like(counts.idle)
