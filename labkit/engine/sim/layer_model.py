@@ -168,19 +168,22 @@ class LayerStepModel:
         return _Counts(*(counts if self.memo is no_memo else one_row(counts)))
 
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
-        """The pieces of a step that its counts alone decide, priced at once: graph
-        dispatch, the stage's projections and MLP (for the whole step's work), the LM
-        head and drafts. A step asks the memo once for them all, not once per piece."""
+        """The pieces of a step that its counts alone decide: graph dispatch, the
+        stage's projections and MLP (for the whole step's work), the LM head and drafts.
+        A step asks the memo once for them all; only a step whose counts are new asks
+        for each piece (which another step may share: the drafts see only the decode
+        requests, say)."""
         counts = _Counts(*counts)
-        mode, padded = self._graphs_of(lockstep, *counts) if self.overheads is not None \
-            else (None, None)
+        mode, padded = self._graphs(counts, lockstep)
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
-        proj = self._attention_proj(tokens, t_dec)
-        mlp = self._mlp_layer(tokens, group)
+        proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+        mlp = self._piece("mlp", self._mlp_layer, tokens, group)
         rows = counts.num_prefill_reqs + np.where(counts.idle & lockstep, 1,
                                                    counts.decode_tokens)
-        drafts = self._drafts(counts.num_decode_reqs) if self.has_drafts else 0.0
-        return _CountPieces(mode, padded, t_dec, tokens, proj, mlp, self._lm_head(rows) + drafts)
+        drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
+            if self.has_drafts else 0.0
+        extra = self._piece("lm_head", self._lm_head, rows) + drafts
+        return _CountPieces(mode, padded, t_dec, tokens, proj, mlp, extra)
 
     def _graphs(self, counts, lockstep: bool):
         """(graph mode, padded tokens) of the step (`counts`: a _Counts or StepWork)."""
