@@ -31,6 +31,9 @@ def as_array(x) -> np.ndarray:
     and degrees are finite and >= 0: a negative one would price a negative time."""
     if type(x) is int or type(x) is float:  # the common scalar: a cheap check
         ok = 0 <= x < _INF
+    elif type(x) is np.ndarray and x.size == 1:  # one element: the same check, no reductions
+        x = np.asarray(x, dtype=np.float64)
+        ok = 0 <= x.item() < _INF
     else:
         x = np.asarray(x, dtype=np.float64)
         ok = x.size == 0 or 0 <= x.min() and x.max() < _INF  # (NaN fails both)

@@ -25,6 +25,7 @@ read off the engine's requests when the result is collected.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -71,36 +72,66 @@ class StepRecorder:
         steps = np.array([len(ev.step_index) for ev in events], dtype=np.int64)
         width = np.array([len(r) for r in ranks], dtype=np.int64)
         rows = steps * width  # table rows of each chunk, step by step, rank by rank
+        n = int(rows.sum())
+        same = int(width[0]) if (width == width[0]).all() else 0  # 0: widths differ
         per_step = np.repeat(width, steps)  # rows of each step
-        # each row's rank: the chunk's ranks, tiled over its steps
-        chunk_start = np.cumsum(rows) - rows
-        rank_start = np.cumsum(width) - width
-        pos = np.arange(rows.sum()) - np.repeat(chunk_start, rows)
-        rank_idx = np.repeat(rank_start, rows) + pos % np.repeat(width, rows)
+        # each row's entry in the chunks' ranks, all put one after another
+        rank_idx = np.repeat(np.cumsum(width) - width, rows)
+        if same != 1:  # plus the row's place among its chunk's ranks
+            pos = np.arange(n) - np.repeat(np.cumsum(rows) - rows, rows)
+            rank_idx += pos % np.repeat(width, rows)
+        all_ranks = np.concatenate(ranks)
+        start = np.concatenate([ev.start for ev in events])
+        start = start if same == 1 else np.repeat(start, per_step)
+        # rows by start, then rank; a stable sort, so ties keep the order they came in
+        order = np.lexsort((all_ranks[rank_idx], start))
+        idx = rank_idx[order]
         totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
+        # Each column is gathered into a scratch buffer (one per dtype, reused), then
+        # put in order into its own array, which the frame takes as it is: a replay's
+        # table is hundreds of MB, and fresh memory for every intermediate is a cost.
+        scratch: dict = {}
 
-        same_width = bool((width == width[0]).all())
+        def in_order(field, dtype=None):
+            parts = [getattr(ev, field) for ev in events]
+            if field in _PER_STEP:
+                shape = (len(per_step),)
+            elif same:  # (steps, ranks) blocks stacked: rows in the table's order
+                shape = (len(per_step), same)
+            else:  # chunks of different widths: flat pieces
+                parts, shape = [p.reshape(-1) for p in parts], (n,)
+            kind = np.dtype(dtype or parts[0].dtype)
+            if kind not in scratch:
+                scratch[kind] = np.empty(n, kind)
+            col = _concatenate(parts, scratch[kind][:math.prod(shape)].reshape(shape), dtype)
+            col = col.reshape(-1)
+            if field in _PER_STEP and same != 1:
+                col = np.repeat(col, per_step)
+            return col[order]
 
-        def steps_col(field):
-            col = np.concatenate([getattr(ev, field) for ev in events])
-            return col if same_width and width[0] == 1 else np.repeat(col, per_step)
+        cols = {"step": in_order("step_index"),
+                "instance": np.repeat(np.array([ev.instance for ev in events]), rows)[order],
+                "rank": all_ranks[idx], "start_s": start[order],
+                "duration_s": in_order("duration")}
+        for c, f in self._PER_RANK.items():
+            cols[c] = in_order(f, float if c in _AS_FLOAT else None)
+        cols["kv_usage"] = cols["kv_used_blocks"] / totals[idx]
+        return pd.DataFrame({c: cols[c] for c in STEP_COLUMNS}, copy=False)
 
-        def ranks_col(field):
-            if same_width:  # (steps, ranks) blocks stacked: rows in the same order
-                return np.concatenate([getattr(ev, field) for ev in events]).reshape(-1)
-            return np.concatenate([getattr(ev, field).reshape(-1) for ev in events])
 
-        cols = {"step": steps_col("step_index"),
-                "instance": np.repeat(np.array([ev.instance for ev in events]), rows),
-                "rank": np.concatenate(ranks)[rank_idx],
-                "start_s": steps_col("start"), "duration_s": steps_col("duration")}
-        cols.update({c: ranks_col(f) for c, f in self._PER_RANK.items()})
-        cols["kv_usage"] = cols["kv_used_blocks"] / totals[rank_idx]
-        for c in ("persistent_kv_bytes", "temporary_kv_bytes"):
-            cols[c] = np.asarray(cols[c], dtype=float)
-        cols = {c: cols[c] for c in STEP_COLUMNS}
-        return pd.DataFrame(cols).sort_values(["start_s", "rank"], kind="stable",
-                                              ignore_index=True)
+_PER_STEP = ("step_index", "start", "duration")  # the event's (steps,) arrays
+_AS_FLOAT = ("persistent_kv_bytes", "temporary_kv_bytes")  # float columns whatever comes
+
+
+def _concatenate(parts: list, out: np.ndarray, dtype=None) -> np.ndarray:
+    """np.concatenate(parts) (then as `dtype`, if given), written into `out` when every
+    part has out's dtype (or casts to it safely, when `dtype` is given); else a new
+    array, as numpy makes it."""
+    try:
+        return np.concatenate(parts, out=out, casting="no" if dtype is None else "safe")
+    except (TypeError, ValueError):  # another dtype or shape: as numpy does it below
+        col = np.concatenate(parts)
+        return col if dtype is None else np.asarray(col, dtype=dtype)
 
 
 def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:

@@ -12,7 +12,9 @@ from labkit.engine.metrics import STEP_COLUMNS, StepRecorder
 
 def _event(rng, instance, ranks, first_step, t0):
     k, r = int(rng.integers(0, 5)), len(ranks)
-    ints = lambda: rng.integers(0, 50, size=(k, r))  # noqa: E731
+    # now and then int32 counts: chunks of mixed dtypes promote as numpy does
+    kind = np.int32 if rng.random() < 0.2 else np.int64
+    ints = lambda: rng.integers(0, 50, size=(k, r)).astype(kind)  # noqa: E731
     busy = rng.random((k, r))
     duration = busy.max(axis=1) if k else np.zeros(0)
     # starts on a coarse grid, so different instances share start times (sort ties)
@@ -52,12 +54,13 @@ def _naive(events) -> pd.DataFrame:
 
 
 def test_steps_table_equals_a_row_by_row_one():
-    for seed in range(20):
+    # instances of 1 to 4 ranks (numbered across the deployment); every instance as
+    # wide (one rank: DP; several: lockstep DEP) or widths mixed (the table's three ways)
+    for seed, widths in [(s, w) for s in range(20) for w in ("mixed", 1, 3)]:
         rng = np.random.default_rng(seed)
-        # instances of 1 to 4 ranks (numbered across the deployment)
         layout, rank = [], 0
         for _ in range(int(rng.integers(1, 5))):
-            width = int(rng.integers(1, 5))
+            width = int(rng.integers(1, 5)) if widths == "mixed" else widths
             layout.append(list(range(rank, rank + width)))
             rank += width
         bus = EventBus()
@@ -71,9 +74,10 @@ def test_steps_table_equals_a_row_by_row_one():
             events.append(ev)
         got, want = recorder.frame(), _naive(events)
         assert list(got.columns) == STEP_COLUMNS
+        assert isinstance(got.index, pd.RangeIndex) and got.index.equals(want.index)
         for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
             assert got[c].to_numpy().tobytes() == \
-                want[c].to_numpy(dtype=got[c].dtype).tobytes(), (seed, c)
+                want[c].to_numpy(dtype=got[c].dtype).tobytes(), (seed, widths, c)
         ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
                 "prefill_tokens", "decode_tokens", "kv_used_blocks"}
         assert all(got[c].dtype == (np.int64 if c in ints else np.float64)

@@ -48,18 +48,18 @@ def test_memo_keys_on_exact_inputs():
         return x * 2.0
 
     a = np.array([[3]], dtype=np.int64)
-    first = memo("f", (a,), lambda: priced(a))
-    assert memo("f", (a.copy(),), lambda: priced(a)) is first  # same value: a hit
+    first = memo("f", priced, (a,))
+    assert memo("f", priced, (a.copy(),)) is first  # same value: a hit
     for other in (np.array([[3.0]]), np.array([3]), np.array([[4]])):  # dtype, shape, value
-        memo("f", (other,), lambda x=other: priced(x))
-    memo("g", (a,), lambda: priced(a))  # another piece of the step
-    memo("f", (a, True), lambda: priced(a))  # another non-array argument
+        memo("f", priced, (other,))
+    memo("g", priced, (a,))  # another piece of the step
+    memo("f", lambda x, flag: priced(x), (a, True))  # another non-array argument
     assert (memo.hits, memo.misses, len(calls)) == (1, 6, 6)
-    assert no_memo("f", (a,), lambda: priced(a)) == 6.0 and len(calls) == 7
+    assert no_memo("f", priced, (a,)) == 6.0 and len(calls) == 7
 
 
 def test_memo_is_bounded():
     memo = ExactMemo(max_entries=4)
     for i in range(10):
-        assert memo("f", (i,), lambda i=i: i * i) == i * i
+        assert memo("f", lambda i: i * i, (i,)) == i * i
     assert len(memo._store) <= 4

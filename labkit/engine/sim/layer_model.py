@@ -54,6 +54,8 @@ STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and 
 # the counts of a StepWork that graph dispatch reads
 _Counts = namedtuple("_Counts", "prefill_tokens decode_tokens num_prefill_reqs "
                                 "num_decode_reqs idle")
+# what a step's counts alone decide (one memo entry per step, `_count_pieces`)
+_CountPieces = namedtuple("_CountPieces", "mode padded t_dec tokens proj mlp extra")
 
 
 class LayerStepModel:
@@ -121,13 +123,10 @@ class LayerStepModel:
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
         counts = self._counts(work)
-        mode, padded = self._graphs(counts, lockstep)
-        stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded)
-        t_dec = np.where(counts.idle & lockstep, 1, counts.decode_tokens)
-        rows = counts.num_prefill_reqs + t_dec
-        drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
-            if self.has_drafts else 0.0
-        extra = self._piece("lm_head", self._lm_head, rows) + drafts
+        fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
+        mode, padded, extra = fixed.mode, fixed.padded, fixed.extra
+        stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded,
+                                                        fixed)
         if pp == 1:
             compute, comm = stage_compute + extra, stage_comm
         else:
@@ -168,6 +167,24 @@ class LayerStepModel:
                   work.num_decode_reqs, work.idle)
         return _Counts(*(counts if self.memo is no_memo else one_row(counts)))
 
+    def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
+        """The pieces of a step that its counts alone decide: graph dispatch, the
+        stage's projections and MLP (for the whole step's work), the LM head and drafts.
+        A step asks the memo once for them all; only a step whose counts are new asks
+        for each piece (which another step may share: the drafts see only the decode
+        requests, say)."""
+        counts = _Counts(*counts)
+        mode, padded = self._graphs(counts, lockstep)
+        t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
+        proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+        mlp = self._piece("mlp", self._mlp_layer, tokens, group)
+        rows = counts.num_prefill_reqs + np.where(counts.idle & lockstep, 1,
+                                                   counts.decode_tokens)
+        drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
+            if self.has_drafts else 0.0
+        extra = self._piece("lm_head", self._lm_head, rows) + drafts
+        return _CountPieces(mode, padded, t_dec, tokens, proj, mlp, extra)
+
     def _graphs(self, counts, lockstep: bool):
         """(graph mode, padded tokens) of the step (`counts`: a _Counts or StepWork)."""
         if self.overheads is None:
@@ -182,16 +199,41 @@ class LayerStepModel:
     def _piece(self, name: str, fn, *args):
         """fn(*args), a pure piece of the step (a function of its counts), through the
         memo."""
-        return self.memo(name, args, lambda: fn(*args))
+        return self.memo(name, fn, args)
 
-    def _stage(self, work: StepWork, counts: _Counts, lockstep: bool, split, padded=None):
+    def _stage(self, work: StepWork, counts: _Counts, lockstep: bool, split, padded=None,
+               fixed: _CountPieces | None = None):
         """Compute and communication of one pipeline stage's layers, for 1/split of
         the step's work (a micro-batch); also the tokens through one GPU. `padded`:
-        the tokens a CUDA graph runs through the GEMMs, padding included."""
+        the tokens a CUDA graph runs through the GEMMs, padding included. `fixed`: the
+        whole step's count pieces, already priced (`_count_pieces`)."""
+        if fixed is not None:
+            t_dec, tokens, proj = fixed.t_dec, fixed.tokens, fixed.proj
+            mlp, mlp_comm = fixed.mlp
+        else:
+            if not np.all(np.asarray(split) == 1):
+                work = _share(work, split)
+                counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
+            t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
+            proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+            mlp, mlp_comm = self._piece("mlp", self._mlp_layer, tokens, group)
+        attn, attn_comm = self._attention_layer(work, tokens, t_dec, proj)
+        linear = self._linear_layer(work, tokens)
+        compute = (self.full_layers * attn + self.moe_layers * mlp[1]
+                   + self.dense_layers * mlp[0] + self.linear_layers * linear)
+        comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
+                + self.dense_layers * mlp_comm[0])
+        if self.window_layers:
+            swa, swa_comm = self._attention_layer(work, tokens, t_dec, proj,
+                                                  self.model.sliding_window)
+            compute = compute + self.window_layers * swa
+            comm = comm + self.window_layers * swa_comm
+        return compute, comm, tokens
+
+    def _stage_tokens(self, counts: _Counts, lockstep: bool, padded):
+        """(decode tokens, tokens through this GPU's dense GEMMs, tokens its MoE kernel
+        sees routed) of a stage."""
         lay = self.layout
-        if not np.all(np.asarray(split) == 1):
-            work = _share(work, split)
-            counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
         dummy = counts.idle if lockstep else np.zeros_like(counts.idle)
         t_dec = np.where(dummy, 1, counts.decode_tokens)
         t_pre = counts.prefill_tokens
@@ -205,24 +247,12 @@ class LayerStepModel:
             group = tokens
         else:
             group = replica.sum(axis=1, keepdims=True) if lockstep else replica
-        attn, attn_comm = self._attention_layer(work, tokens, t_dec)
-        mlp, mlp_comm = self._piece("mlp", self._mlp_layer, tokens, group)
-        linear = self._linear_layer(work, tokens)
-        compute = (self.full_layers * attn + self.moe_layers * mlp[1]
-                   + self.dense_layers * mlp[0] + self.linear_layers * linear)
-        comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
-                + self.dense_layers * mlp_comm[0])
-        if self.window_layers:
-            swa, swa_comm = self._attention_layer(work, tokens, t_dec, self.model.sliding_window)
-            compute = compute + self.window_layers * swa
-            comm = comm + self.window_layers * swa_comm
-        return compute, comm, tokens
+        return t_dec, tokens, group
 
     # ------------------------------------------------------------- attention
-    def _attention_layer(self, work: StepWork, tokens, t_dec, window: int = 0):
-        """One attention layer; `window` > 0: a sliding-window layer, whose queries
-        read at most `window` positions each."""
-        proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+    def _attention_layer(self, work: StepWork, tokens, t_dec, proj, window: int = 0):
+        """One attention layer (`proj`: its projections, priced); `window` > 0: a
+        sliding-window layer, whose queries read at most `window` positions each."""
         core = self._decode_core(work, window) + self._prefill_core(work, window)
         comm = 0.0
         # DCP runs attention over token shards (gather queries, merge partial outputs)

@@ -36,10 +36,12 @@ class ExactMemo:
         self.hits = 0
         self.misses = 0
 
-    def __call__(self, name: str, inputs: tuple, compute):
-        """compute(), a pure function of `inputs`, evaluated once per distinct exact
-        value of them (`name` tells the pieces apart)."""
-        key = (name, *[_key(x) for x in inputs])
+    def __call__(self, name: str, fn, args: tuple):
+        """fn(*args), a pure function of `args`, evaluated once per distinct exact value
+        of them (`name` tells the pieces apart)."""
+        # the key inline (a step asks some ten pieces: a helper call per argument shows)
+        key = (name, *[(x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else x
+                       for x in args])  # (dtypes compare and hash by value)
         found = self._store.get(key)
         if found is not None:
             self.hits += 1
@@ -47,19 +49,13 @@ class ExactMemo:
         self.misses += 1
         if len(self._store) >= self.max_entries:  # bounded memory: start over
             self._store.clear()
-        value = self._store[key] = compute()
+        value = self._store[key] = fn(*args)
         return value
 
 
-def no_memo(name: str, inputs: tuple, compute):
+def no_memo(name: str, fn, args: tuple):
     """The memo switched off (`sim_step_cache=False`): always compute."""
-    return compute()
-
-
-def _key(x):
-    if isinstance(x, np.ndarray):
-        return x.dtype, x.shape, x.tobytes()  # (dtypes compare and hash by value)
-    return x
+    return fn(*args)
 
 
 def one_row(args: tuple) -> tuple:
