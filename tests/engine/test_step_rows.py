@@ -87,7 +87,8 @@ def test_chunks_summed_per_rank_in_order():
         seconds = rng.random(n) * 10.0 ** rng.integers(-6, 0, size=n)
         share = rng.choice([1.0, 3.0])
         work = StepWork(*(np.zeros((1, ranks), dtype=np.int64) for _ in range(8)),
-                        prefill_chunks=(rank, None, None), chunk_share=share)
+                        prefill_chunks=(rank, None, None, np.zeros_like(rank)),
+                        chunk_share=share)
         want = np.zeros(ranks)
         for r, s in zip(rank, seconds):  # in chunk order, as np.add.at adds them
             want[r] += s
