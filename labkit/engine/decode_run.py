@@ -237,7 +237,8 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     width = config.tokens_per_decode_step
     cum = accepted_before(step_index, max_steps, acceptance)
     tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
-    if tokens is None:
+    if tokens is None or (tokens.prefill is not None
+                          and not getattr(cost_model, "prices_chunk_rows", True)):
         return None
     k, finishes = tokens.steps, tokens.finishes
     held, new = tokens.held, tokens.new

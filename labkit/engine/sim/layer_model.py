@@ -117,6 +117,15 @@ class LayerStepModel:
     def min_step_s(self) -> float:
         return self.overheads.min_step_s if self.overheads is not None else 1e-6
 
+    @property
+    def prices_chunk_rows(self) -> bool:
+        """Are a run's rows priced as their steps alone when some carry prefill chunks
+        and others do not? Not with DCP, PCP or KVPP: their collectives are included
+        when any row of the array needs them (`Placement.comm_per_layer`), so rows
+        without prefill would pay the prefill's (decode-only runs are unaffected)."""
+        lay = self.layout
+        return lay.dcp == 1 and lay.pcp == 1 and lay.kvpp == 1
+
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
