@@ -49,14 +49,14 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     width = config.tokens_per_decode_step
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
-    decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
-    if decoding.all():
+    if all(r.is_decoding for _, r in pairs):
         # every request gains cum[j] by step j; the first to finish ends the run
         first_done = int(np.searchsorted(cum, remaining.min(), side="left"))
         k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
         held = computed[:, None] + np.minimum(cum[None, : k + 1], remaining[:, None])
         return RunTokens(held, np.full((len(pairs), k), width, dtype=np.int64), None, k,
                          finishes)
+    decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
     held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
     new = np.full((len(pairs), max_steps), width, dtype=np.int64)
     prefill = np.zeros((len(pairs), max_steps), dtype=bool)

@@ -69,6 +69,7 @@ class DecodeRun:
     finishes: bool  # the last step finishes a request
     width: int  # tokens per decode step (1 + drafts)
     lands: tuple = ()  # rows whose landed prefix KV step 0 takes in (`chunk_run.py`)
+    chunk_end: int = 0  # the steps before it carry prefill chunks (or sit one out)
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
 
@@ -92,6 +93,14 @@ class DecodeRun:
         boundary first the ending step's registrations, then the next one's
         allocations (and its prefill chunks' registrations). Returns the (scheduler,
         request) pairs that finished."""
+        split = self.chunk_end
+        if self.committed < split < max(alloc_stop, commit_stop):
+            # the steps with prefill chunks play call by call, those after may batch
+            finished = self._play(min(alloc_stop, split), min(commit_stop, split))
+            return finished + self._play(alloc_stop, commit_stop)
+        return self._play(alloc_stop, commit_stop)
+
+    def _play(self, alloc_stop: int, commit_stop: int) -> list:
         first = self.committed
         commit_stop = max(commit_stop, first)
         alloc_stop = max(alloc_stop, commit_stop, self.allocated)
@@ -211,6 +220,7 @@ class DecodeRun:
         self.new = self.new[:, :steps]
         if self.prefill is not None:
             self.prefill = self.prefill[:, :steps]
+        self.chunk_end = min(self.chunk_end, steps)
         self.finishes = False
 
 
@@ -264,6 +274,12 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         if k < 1:
             return None
 
+    prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
+    if tokens.prefill is not None:
+        prefill = tokens.prefill[:, :k]
+        busy = np.flatnonzero((prefill | (new[:, :k] == 0)).any(axis=0))
+        chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
+
     # Cost of each step, then cut before the first step ending at or after the horizon.
     ranks = len(schedulers)
     if tokens.prefill is None:
@@ -271,10 +287,10 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         base = rank_sums(held[:, 0], rank_of, ranks)
         rows = lambda a, b: decode_work(counts, base, cum[a:b], width)  # noqa: E731
     else:
-        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k],
-                                      tokens.prefill[:, :k])
+        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
         rows = whole.rows
-    timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon, step_guess_s)
+    timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon, step_guess_s,
+                                chunk_end)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -283,33 +299,38 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
-    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k],
-                    None if tokens.prefill is None else tokens.prefill[:, :k], pairs,
-                    net[:, :k], calls[:, :k], kv_used, finishes, width, tokens.lands)
+    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
+                    net[:, :k], calls[:, :k], kv_used, finishes, width, tokens.lands,
+                    chunk_end)
     run.truncate(within)
     return run
 
 
 def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
-                 step_guess_s: float):
+                 step_guess_s: float, head: int = 0):
     """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
     a first part of them that ends at or after the horizon (what lies beyond is cut
     from the run anyway), and the StepWork of the steps costed. The part is sized from
     a recent step's duration; if it falls short of the horizon, the rest is costed too.
-    A step's cost depends on its own row of the work alone, so the two parts are the
-    rows of the whole."""
+    The first `head` steps (those with prefill chunks) are costed on their own: the
+    decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
+    memo). A step's cost depends on its own row of the work alone, so the parts are
+    the rows of the whole."""
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    work = rows(0, first)
-    timing = cost_model.step_timing(work, lockstep)
-    # as plan_decode_run finds the steps' ends (same sums, same rounding)
-    if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
-        return timing, work
-    rest = cost_model.step_timing(rows(first, k), lockstep)
-    timing = type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
-                                                                   _fields(rest))))
-    return timing, rows(0, k)
+    bounds = sorted({0, min(head, k), first, k})
+    parts = []
+    for a, b in zip(bounds, bounds[1:]):
+        parts.append(cost_model.step_timing(rows(a, b), lockstep))
+        durations = np.concatenate([p.duration for p in parts])
+        # as plan_decode_run finds the steps' ends (same sums, same rounding)
+        if b < k and np.cumsum(np.concatenate([[now], durations]))[-1] >= horizon:
+            break
+    if len(parts) == 1:
+        return parts[0], rows(0, b)
+    timing = type(parts[0])(*(np.concatenate(f) for f in zip(*(_fields(p) for p in parts))))
+    return timing, rows(0, b)
 
 
 def _fields(timing) -> tuple:
