@@ -67,7 +67,6 @@ class DecodeRun:
     kv_calls: np.ndarray  # (n, k) bool: step j of request i allocates or slides
     kv_used: np.ndarray  # (k, R) blocks in use during each step
     finishes: bool  # the last step finishes a request
-    width: int  # tokens per decode step (1 + drafts)
     lands: tuple = ()  # rows whose landed prefix KV step 0 takes in (`chunk_run.py`)
     chunk_end: int = 0  # the steps before it carry prefill chunks (or sit one out)
     allocated: int = 0  # steps whose allocations are done
@@ -227,7 +226,8 @@ class DecodeRun:
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
-    """Plan up to max_steps steady decode steps starting at `now`, or None. Requests
+    """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
+    one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
@@ -285,7 +285,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     if tokens.prefill is None:
         counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
         base = rank_sums(held[:, 0], rank_of, ranks)
-        rows = lambda a, b: decode_work(counts, base, cum[a:b], width)  # noqa: E731
+
+        def rows(a: int, b: int) -> StepWork:
+            return decode_work(counts, base, cum[a:b], width)
     else:
         whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
         rows = whole.rows
@@ -300,7 +302,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
     run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
-                    net[:, :k], calls[:, :k], kv_used, finishes, width, tokens.lands,
+                    net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
                     chunk_end)
     run.truncate(within)
     return run
