@@ -21,7 +21,10 @@ chunk would then be listed elsewhere among the step's requests), chunked prefill
 marked saturated (`prefill_capacity_bound`), and its prompt not ending in its last
 output (a request that finishes with its first token ends the run at once instead).
 Sliding windows, state snapshots, offload write-through and P/D prefill ranks are
-left to single steps (`plan_decode_run`).
+left to single steps, and so is everything while someone listens to `StepStarted`
+(a run's event names its requests, not the steps that compute their chunks, which
+the request phases of the timeline and Gantt views draw); a cost model that cannot
+price rows with chunks apart from the others declines them too (`plan_decode_run`).
 """
 
 from __future__ import annotations

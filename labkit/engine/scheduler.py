@@ -49,7 +49,9 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
+from labkit.engine.events import (
+    EventBus, FirstToken, RequestPreempted, RequestScheduled, StepStarted,
+)
 from labkit.engine.kv.block_table import NO_MATCH, PrefixMatch
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.request import Request, Status
@@ -185,9 +187,13 @@ class Scheduler:
         """May a run carry the last running request's prefill chunks (`chunk_run.py`)?
         Not with KV on the wire, nor where the chunks' KV work is more than blocks
         (sliding-window pages, state snapshots, offload write-through), nor on a P/D
-        prefill rank, nor while the rank counts as saturated."""
+        prefill rank, nor while the rank counts as saturated, nor while someone listens
+        to StepStarted (it tells a run's requests, not which steps compute their chunks:
+        the request phases of `exporters/request_phases.py` read chunks off single
+        steps)."""
         kv = self.kv
         return (self.config.enable_chunked_prefill and not self.prefill_capacity_bound
+                and not self.events.wants(StepStarted)
                 and not self.hold_kv_on_finish and kv.window is None
                 and kv.snapshots is None and kv.on_cached is None
                 and not any(self.on_the_wire(r) for r in self.running))
