@@ -181,7 +181,7 @@ class Scheduler:
                 decoding += 1
             elif r is not last or not self._runs_chunks():
                 return False
-        return decoding > 0 or not last.is_decoding
+        return decoding > 0 or not (last.is_decoding or self.on_the_wire(last))
 
     def _runs_chunks(self) -> bool:
         """May a run carry the last running request's prefill chunks (`chunk_run.py`)?
