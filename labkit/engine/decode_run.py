@@ -24,6 +24,14 @@ request, before the next known arrival, and where the pool would run out of bloc
 A rank's KV work in a playback is done in one batch where that is exact
 (`kv/batch_play.py`). A fast-forwarded replay is identical to a step-by-step one, bit
 for bit; `tests/engine/test_fast_forward.py` checks exactly that.
+
+A run may also carry a long prompt's **prefill chunks** (`chunk_run.py`): per rank one
+request still computing its prompt, chunk by chunk, until the step that ends it emits
+its first token; then it decodes with the others. Its entries are held, like every
+request's, as (request, step) arrays of tokens — those with KV before each step and
+those computed in it — from which the allocations, the cost model's rows and the
+playback follow; its chunks' blocks are registered when their step starts, as
+`Scheduler.schedule` registers them, and its steps are played call by call.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.engine.chunk_run import plan_tokens
+from labkit.engine.events import FirstToken
 from labkit.engine.kv.batch_play import play_run_in_batches
-from labkit.engine.step_work import StepWork
+from labkit.engine.step_work import StepWork, rank_sums
 
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
@@ -49,18 +59,18 @@ class DecodeRun:
     start: np.ndarray  # (k,) step start times
     timing: object  # StepTiming over (k, R)
     work: StepWork
-    cum: np.ndarray  # (k+1,) tokens each request accepts before step j
+    held: np.ndarray  # (n, k+1) tokens request i holds KV for before step j
+    new: np.ndarray  # (n, k) tokens request i computes in step j (0: not scheduled)
+    prefill: np.ndarray | None  # (n, k) bool: a prefill chunk (None: all decode)
     pairs: list  # (scheduler, request) in step order: by rank, then running order
     new_blocks: np.ndarray  # (n, k) pool blocks request i takes (net) when step j starts
     kv_calls: np.ndarray  # (n, k) bool: step j of request i allocates or slides
     kv_used: np.ndarray  # (k, R) blocks in use during each step
     finishes: bool  # the last step finishes a request
-    width: int  # tokens per decode step (1 + drafts)
+    lands: tuple = ()  # rows whose landed prefix KV step 0 takes in (`chunk_run.py`)
+    chunk_end: int = 0  # the steps before it carry prefill chunks (or sit one out)
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
-    # the latest playback: its first step, each request's tokens before it and after
-    # each of its steps (n, steps) — what `tokens` reports
-    played: tuple = (0, None, None)
 
     @property
     def steps(self) -> int:
@@ -80,73 +90,120 @@ class DecodeRun:
         step starts), cache registrations and tokens of steps before `commit_stop`
         (when it ends), in the order step-by-step simulation does them: at each step
         boundary first the ending step's registrations, then the next one's
-        allocations. Returns the (scheduler, request) pairs that finished."""
+        allocations (and its prefill chunks' registrations). Returns the (scheduler,
+        request) pairs that finished."""
+        split = self.chunk_end
+        if self.committed < split < max(alloc_stop, commit_stop):
+            # the steps with prefill chunks play call by call, those after may batch
+            finished = self._play(min(alloc_stop, split), min(commit_stop, split))
+            return finished + self._play(alloc_stop, commit_stop)
+        return self._play(alloc_stop, commit_stop)
+
+    def _play(self, alloc_stop: int, commit_stop: int) -> list:
         first = self.committed
         commit_stop = max(commit_stop, first)
         alloc_stop = max(alloc_stop, commit_stop, self.allocated)
         ends = self.ends
-        before = np.array([r.num_computed_tokens for _, r in self.pairs], dtype=np.int64)
-        gained = np.minimum(self.cum[commit_stop] - self.cum[first],
-                            [r.remaining_output_tokens for _, r in self.pairs])
-        after = before[:, None] + np.minimum(
-            self.cum[None, first + 1 : commit_stop + 1] - self.cum[first], gained[:, None])
-        full = np.concatenate([before[:, None], after], axis=1) // self.pairs[0][0].kv.block_size
+        before = self.held[:, first]
+        after = self.held[:, first + 1 : commit_stop + 1]
+        full = self.held[:, first : commit_stop + 1] // self.pairs[0][0].kv.block_size
         fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
-        left = play_run_in_batches(self, first, alloc_stop, before, after, fills, ends)
+        left = play_run_in_batches(self, first, alloc_stop, after, fills, ends)
         if left:
-            self._play_in_order(first, alloc_stop, before, after, fills, ends, left)
+            self._play_in_order(first, alloc_stop, before, fills, ends, left)
         self.allocated = alloc_stop
-        self.played = (first, before, after)
-        return self._emit_tokens(first, commit_stop, gained, ends)
+        return self._emit_tokens(first, commit_stop, ends)
 
-    def _play_in_order(self, first: int, alloc_stop: int, before, after, fills, ends,
+    def _play_in_order(self, first: int, alloc_stop: int, before, fills, ends,
                        rows: list) -> None:
         """The KV work of requests `rows` in the steps being played, one call per
         request and step, in step-by-step order: at each step boundary first the
-        ending step's registrations, then the next one's allocations."""
-        events = []  # (boundary, 0 = register / 1 = allocate, request, step)
+        ending step's registrations, then the next one's allocations, then the
+        registrations of its prefill chunks (made when the step is scheduled)."""
+        # (boundary, 0 = cache / 1 = allocate / 2 = register, request, before its
+        # allocation: a landed prefix taken in, step)
+        events = []
         req_idx, step_idx = np.nonzero(self.kv_calls[rows, self.allocated : alloc_stop])
-        events += [(j + self.allocated, 1, rows[i], j + self.allocated)
+        events += [(j + self.allocated, 1, rows[i], 1, j + self.allocated)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+        if self.prefill is not None:
+            req_idx, step_idx = np.nonzero(self.prefill[rows, self.allocated : alloc_stop])
+            events += [(j + self.allocated, 2, rows[i], 1, j + self.allocated)
+                       for i, j in zip(req_idx.tolist(), step_idx.tolist())]
+            if self.allocated == 0:
+                events += [(0, 1, i, 0, 0) for i in self.lands]
         req_idx, step_idx = np.nonzero(fills[rows])
-        events += [(first + j + 1, 0, rows[i], first + j)
+        events += [(first + j + 1, 0, rows[i], 1, first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
-        for _, kind, i, j in sorted(events):
+        for _, kind, i, sub, j in sorted(events):
             scheduler, req = self.pairs[i]
-            if kind == 1:
-                req.num_computed_tokens = int(before[i] + self.cum[j] - self.cum[first])
-                scheduler.kv.set_time(float(self.start[j]))
-                if not scheduler.kv.allocate(req, self.width):
+            kv = scheduler.kv
+            if kind == 0:
+                req.num_computed_tokens = int(self.held[i, j + 1])
+                kv.set_time(float(ends[j]))
+                kv.cache_full_blocks(req)
+            else:
+                req.num_computed_tokens = int(self.held[i, j])
+                kv.set_time(float(self.start[j]))
+                n = int(self.new[i, j])
+                if sub == 0:  # the copied prefix arrived (`Scheduler._schedule_running`)
+                    req.kv_ready_s = 0.0
+                    kv.cache_full_blocks(req)
+                elif kind == 2:
+                    kv.register_blocks(req, req.num_computed_tokens + n)
+                elif not kv.allocate(req, n):
                     raise RuntimeError("fast-forward planned an allocation the pool "
                                        "cannot serve")
-            else:
-                req.num_computed_tokens = int(after[i, j - first])
-                scheduler.kv.set_time(float(ends[j]))
-                scheduler.kv.cache_full_blocks(req)
             req.num_computed_tokens = int(before[i])
 
     def tokens(self, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, requests) arrays for steps [first, stop) of the latest playback:
-        each request's tokens with KV before the step and after it."""
-        start, before, after = self.played
-        held = np.concatenate([before[:, None], after], axis=1).T
-        return held[first - start : stop - start], held[first - start + 1 : stop - start + 1]
+        """(steps, requests) arrays for steps [first, stop): each request's tokens with
+        KV before the step and after it."""
+        return self.held[:, first:stop].T, self.held[:, first + 1 : stop + 1].T
 
-    def _emit_tokens(self, first: int, stop: int, gained: np.ndarray, ends) -> list:
+    def _emit_tokens(self, first: int, stop: int, ends) -> list:
         if stop <= first:
             return []
         gaps = np.diff(ends[first:stop]).tolist()
+        gained = (self.held[:, stop] - self.held[:, first]).tolist()
+        chunked = () if self.prefill is None else np.flatnonzero(  # not decoding throughout
+            (self.prefill[:, first:stop] | (self.new[:, first:stop] == 0)).any(axis=1)).tolist()
         finished = []
-        for (scheduler, req), n in zip(self.pairs, gained.tolist()):
-            req.itl.append(float(ends[first]) - req.last_token_s)
-            req.itl.extend(gaps)
-            req.num_output_tokens += n
-            req.num_computed_tokens += n
-            req.last_token_s = float(ends[stop - 1])
+        for i, ((scheduler, req), n) in enumerate(zip(self.pairs, gained)):
+            if i in chunked:
+                self._emit_chunked(i, first, stop, ends)
+            else:
+                req.itl.append(float(ends[first]) - req.last_token_s)
+                req.itl.extend(gaps)
+                req.num_output_tokens += n
+                req.num_computed_tokens += n
+                req.last_token_s = float(ends[stop - 1])
             if req.remaining_output_tokens <= 0:
                 finished.append((scheduler, req))
         self.committed = stop
         return finished
+
+    def _emit_chunked(self, i: int, first: int, stop: int, ends) -> None:
+        """Steps [first, stop) of a request that computes prefill chunks in some: what
+        `Scheduler.update` does, step by step (the prompt's last chunk emits the first
+        token)."""
+        scheduler, req = self.pairs[i]
+        for j in range(first, stop):
+            n, t = int(self.new[i, j]), float(ends[j])
+            if n == 0:
+                continue  # a deferred chunk: not in the step
+            if not self.prefill[i, j]:
+                accepted = int(self.held[i, j + 1] - self.held[i, j])
+                req.num_computed_tokens += accepted
+                req.emit(accepted, t)
+                continue
+            if req.num_computed_tokens < req.num_prompt_tokens:
+                req.num_computed_prefill_tokens += min(
+                    n, req.num_prompt_tokens - req.num_computed_tokens)
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens:
+                if req.emit(1, t) and scheduler.events.wants(FirstToken):
+                    scheduler.events.emit(FirstToken(t, req.request_id, scheduler.rank))
 
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
@@ -158,14 +215,19 @@ class DecodeRun:
         self.kv_used = self.kv_used[:steps]
         self.new_blocks = self.new_blocks[:, :steps]
         self.kv_calls = self.kv_calls[:, :steps]
-        self.cum = self.cum[: steps + 1]
+        self.held = self.held[:, : steps + 1]
+        self.new = self.new[:, :steps]
+        if self.prefill is not None:
+            self.prefill = self.prefill[:, :steps]
+        self.chunk_end = min(self.chunk_end, steps)
         self.finishes = False
 
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
-    """Plan up to max_steps steady decode steps starting at `now`, or None. Requests
+    """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
+    one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
@@ -184,27 +246,27 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
     cum = accepted_before(step_index, max_steps, acceptance)
+    tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
+    if tokens is None or (tokens.prefill is not None
+                          and not getattr(cost_model, "prices_chunk_rows", True)):
+        return None
+    k, finishes = tokens.steps, tokens.finishes
+    held, new = tokens.held, tokens.new
 
-    # The first request to finish ends in the step after which cum reaches its remainder.
-    remaining = min(r.remaining_output_tokens for _, r in pairs)
-    first_done = int(np.searchsorted(cum, remaining, side="left"))
-    k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
-
-    # Blocks each request must hold during step j: its slots are computed + width.
-    computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
+    # Blocks each request must hold during step j: its slots are held + new tokens.
     have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
     block_size = schedulers[0].kv.block_size
-    need = -(-(computed[:, None] + cum[None, :k] + width) // block_size)  # (n, k)
-    held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-    new = np.diff(np.concatenate([have[:, None], held], axis=1), axis=1)  # (n, k)
-    net, calls = new, new > 0
+    need = np.where(new > 0, -(-(held[:, :k] + new) // block_size), 0)  # (n, k)
+    blocks = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+    net = np.diff(np.concatenate([have[:, None], blocks], axis=1), axis=1)  # (n, k)
+    calls = net > 0
     if schedulers[0].kv.window is not None:
-        slid = _window_slides(pairs, computed[:, None] + cum[None, :k])
+        slid = _window_slides(pairs, held[:, :k])
         if slid is None:
             return None  # a window page is shared: its release is not ours to plan
         pages = schedulers[0].kv.window.pages_per_block
-        net, calls = new * (1 + pages) - slid * pages, calls | (slid > 0)
-    per_rank = _rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
+        net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
+    per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
     fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
@@ -212,11 +274,25 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         if k < 1:
             return None
 
+    prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
+    if tokens.prefill is not None:
+        prefill = tokens.prefill[:, :k]
+        busy = np.flatnonzero((prefill | (new[:, :k] == 0)).any(axis=0))
+        chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
+
     # Cost of each step, then cut before the first step ending at or after the horizon.
-    counts = np.bincount(rank_of, minlength=len(schedulers)).astype(np.int64)
-    base = _rank_sums(computed, rank_of, len(schedulers))
-    timing, work = _step_timing(cost_model, lockstep, counts, base, cum[:k], width, now,
-                                horizon, step_guess_s)
+    ranks = len(schedulers)
+    if tokens.prefill is None:
+        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
+        base = rank_sums(held[:, 0], rank_of, ranks)
+
+        def rows(a: int, b: int) -> StepWork:
+            return decode_work(counts, base, cum[a:b], width)
+    else:
+        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
+        rows = whole.rows
+    timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon, step_guess_s,
+                                chunk_end)
     ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
     within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -225,43 +301,38 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
-    run = DecodeRun(start, timing, work, cum[: k + 1], pairs, net[:, :k], calls[:, :k],
-                    kv_used, finishes, width)
+    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
+                    net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
+                    chunk_end)
     run.truncate(within)
     return run
 
 
-def _step_timing(cost_model, lockstep: bool, counts, base, cum, width: int, now: float,
-                 horizon: float, step_guess_s: float):
-    """The cost of the decode steps `cum` describes, or of a first part of them that
-    ends at or after the horizon (what lies beyond is cut from the run anyway), and
-    the StepWork of the steps costed. The part is sized from a recent step's
-    duration; if it falls short of the horizon, the rest is costed too. A step's cost
-    depends on its own row of the work alone, so the two parts are the rows of the
-    whole."""
-    k = len(cum)
+def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
+                 step_guess_s: float, head: int = 0):
+    """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
+    a first part of them that ends at or after the horizon (what lies beyond is cut
+    from the run anyway), and the StepWork of the steps costed. The part is sized from
+    a recent step's duration; if it falls short of the horizon, the rest is costed too.
+    The first `head` steps (those with prefill chunks) are costed on their own: the
+    decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
+    memo). A step's cost depends on its own row of the work alone, so the parts are
+    the rows of the whole."""
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    work = decode_work(counts, base, cum[:first], width)
-    timing = cost_model.step_timing(work, lockstep)
-    # as plan_decode_run finds the steps' ends (same sums, same rounding)
-    if first == k or np.cumsum(np.concatenate([[now], timing.duration]))[-1] >= horizon:
-        return timing, work
-    rest = cost_model.step_timing(decode_work(counts, base, cum[first:], width), lockstep)
-    timing = type(timing)(*(np.concatenate([a, b]) for a, b in zip(_fields(timing),
-                                                                   _fields(rest))))
-    return timing, decode_work(counts, base, cum, width)
-
-
-def _rank_sums(values: np.ndarray, rank_of: list, ranks: int) -> np.ndarray:
-    """values summed over the requests of each rank (the last axis: requests -> ranks);
-    integer sums, so the order of the additions does not matter."""
-    if ranks == 1:
-        return values.sum(axis=-1, keepdims=True)
-    out = np.zeros(values.shape[:-1] + (ranks,), dtype=values.dtype)
-    np.add.at(out, (..., np.asarray(rank_of)), values)
-    return out
+    bounds = sorted({0, min(head, k), first, k})
+    parts = []
+    for a, b in zip(bounds, bounds[1:]):
+        parts.append(cost_model.step_timing(rows(a, b), lockstep))
+        durations = np.concatenate([p.duration for p in parts])
+        # as plan_decode_run finds the steps' ends (same sums, same rounding)
+        if b < k and np.cumsum(np.concatenate([[now], durations]))[-1] >= horizon:
+            break
+    if len(parts) == 1:
+        return parts[0], rows(0, b)
+    timing = type(parts[0])(*(np.concatenate(f) for f in zip(*(_fields(p) for p in parts))))
+    return timing, rows(0, b)
 
 
 def _fields(timing) -> tuple:

@@ -254,9 +254,14 @@ class Instance:
     def _run_tokens(self, run: DecodeRun, first: int, stop: int):
         """RequestTokens columns of steps [first, stop) of a run, ordered as a single
         step orders them: per rank, the stepping requests, then those whose KV is still
-        on the wire (no new tokens)."""
+        on the wire (no new tokens). (A deferred prefill chunk, listed with the latter
+        by a single step, is the rank's last request either way: `chunk_run.py`.)"""
         context, held = run.tokens(first, stop)
         steps = stop - first
+        new = run.new[:, first:stop].T
+        decode = new > 0
+        if run.prefill is not None:
+            decode &= ~run.prefill[:, first:stop].T
         columns, pairs = [], []
         for s in self.schedulers:
             mine = [i for i, (owner, _) in enumerate(run.pairs) if owner is s]
@@ -264,15 +269,13 @@ class Instance:
             pairs += [run.pairs[i] for i in mine] + [(s, r) for r in wire]
             waiting = np.array([[r.num_computed_tokens for r in wire]] * steps,
                                dtype=np.int64).reshape(steps, len(wire))
-            columns.append((context[:, mine], held[:, mine], waiting, len(mine)))
-        context = np.concatenate([np.concatenate([c, w], axis=1) for c, _, w, _ in columns],
-                                 axis=1)
-        held = np.concatenate([np.concatenate([h, w], axis=1) for _, h, w, _ in columns],
-                              axis=1)
-        stepping = np.concatenate([np.r_[np.ones(n, dtype=bool), np.zeros(w.shape[1], bool)]
-                                   for _, _, w, n in columns])
-        num_new = np.where(stepping, run.width, 0) + np.zeros_like(context)
-        decode = np.broadcast_to(stepping, context.shape).copy()
+            columns.append((context[:, mine], held[:, mine], new[:, mine], decode[:, mine],
+                            waiting))
+        joined = [np.concatenate([np.concatenate([c[f], c[4] if f < 2 else
+                                                  np.zeros_like(c[4], dtype=c[f].dtype)],
+                                                 axis=1) for c in columns], axis=1)
+                  for f in range(4)]
+        context, held, num_new, decode = joined
         return pairs, context, num_new, decode, held
 
     def _emit_tokens(self, plan: Plan, first: int, stop: int, end: float) -> None:

@@ -49,7 +49,9 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from labkit.engine.events import EventBus, FirstToken, RequestPreempted, RequestScheduled
+from labkit.engine.events import (
+    EventBus, FirstToken, RequestPreempted, RequestScheduled, StepStarted,
+)
 from labkit.engine.kv.block_table import NO_MATCH, PrefixMatch
 from labkit.engine.kv.kv_manager import KVManager
 from labkit.engine.request import Request, Status
@@ -156,8 +158,9 @@ class Scheduler:
 
     def is_steady(self) -> bool:
         """Every running request decodes (or waits for its prefix KV on the wire, which
-        the steps skip until it lands: `on_the_wire`), all fit in the budget, nobody
-        waits: the next steps are identical in shape until something finishes."""
+        the steps skip until it lands: `on_the_wire`) — or, the last one, continues its
+        prompt's chunked prefill (`chunk_run.py`) — all fit in the budget, nobody waits:
+        the next steps are as predictable as a run needs until something finishes."""
         if len(self.waiting) or not self.running:
             return False
         cfg = self.config
@@ -166,15 +169,35 @@ class Scheduler:
                 0 < cfg.long_prefill_token_threshold < per_req:
             return False
         decoding = 0
+        last = self.running[-1]
         for r in self.running:
             if r.kv_ready_s > self.now:
                 continue
             # (KV that has landed is taken in by a single step: it registers the copied
-            # blocks in the prefix cache, in running order; a P/D hand-over lands decoding)
-            if not r.is_decoding or r.pending_copies or r.kv_ready_s:
+            # blocks in the prefix cache, in running order; a P/D hand-over lands
+            # decoding; a run takes in only the last request's, before its first chunk)
+            if r.pending_copies or (r.kv_ready_s and (r is not last or r.is_decoding)):
                 return False
-            decoding += 1
-        return decoding > 0
+            if r.is_decoding:
+                decoding += 1
+            elif r is not last or not self._runs_chunks():
+                return False
+        return decoding > 0 or not (last.is_decoding or self.on_the_wire(last))
+
+    def _runs_chunks(self) -> bool:
+        """May a run carry the last running request's prefill chunks (`chunk_run.py`)?
+        Not with KV on the wire, nor where the chunks' KV work is more than blocks
+        (sliding-window pages, state snapshots, offload write-through), nor on a P/D
+        prefill rank, nor while the rank counts as saturated, nor while someone listens
+        to StepStarted (it tells a run's requests, not which steps compute their chunks:
+        the request phases of `exporters/request_phases.py` read chunks off single
+        steps)."""
+        kv = self.kv
+        return (self.config.enable_chunked_prefill and not self.prefill_capacity_bound
+                and not self.events.wants(StepStarted)
+                and not self.hold_kv_on_finish and kv.window is None
+                and kv.snapshots is None and kv.on_cached is None
+                and not any(self.on_the_wire(r) for r in self.running))
 
     def on_the_wire(self, req: Request) -> bool:
         """Is req's prefix KV still being copied here, as this step sees it (the steps skip

@@ -4,8 +4,10 @@ A step's batch on one rank is a list of (new tokens, context) pairs. Its cost de
 on a handful of sums over that list — tokens to push through the weights, KV tokens
 to read, query-key pairs to score — so the cost model sees those sums, not the list.
 Every field is an integer array of shape (steps, ranks): one step of a whole
-instance is shape (1, R); a fast-forwarded run of k decode steps is (k, R), and the
-same cost formula evaluates both, so the two can never disagree.
+instance is shape (1, R); a fast-forwarded run of k steps is (k, R), and the same
+cost formula evaluates both, so the two can never disagree. Prefill chunks, whose
+attention is priced on each chunk's own shape, are listed besides as (rank, new
+tokens, context, step) columns — step 0 for a single step, the row for a run.
 
 Both planes use these types: every `StepInput` carries its step's `StepWork`, and
 every data plane answers with a `StepTiming` (a simulated plane from its cost model, the
@@ -30,8 +32,8 @@ class StepWork:
     decode_pairs: np.ndarray  # query-key pairs of decode tokens
     idle: np.ndarray  # bool: the rank had nothing to do (runs a dummy step in lockstep)
     decode_context: np.ndarray | None = None  # sum of decoding requests' contexts
-    # One step only: every prefill chunk as (rank, new tokens, context) columns, so a
-    # cost model can price each chunk's attention on its own shape.
+    # every prefill chunk as (rank, new tokens, context, step) columns, so a cost model
+    # can price each chunk's attention on its own shape (step: the row it belongs to)
     prefill_chunks: tuple | None = None
     chunk_share: object = 1.0  # a micro-batch carries 1 / chunk_share of those chunks
 
@@ -70,14 +72,50 @@ class StepWork:
                 cols[4, r] += ctx + n
         idle = (cols[2] + cols[3]) == 0
         chunks = (np.array(chunk_rank, dtype=np.int64), np.array(chunk_new, dtype=np.int64),
-                  np.array(chunk_ctx, dtype=np.int64))
+                  np.array(chunk_ctx, dtype=np.int64), np.zeros(len(chunk_rank), np.int64))
         return cls(*(c[None, :] for c in cols[:7]), idle=idle[None, :],
                    decode_context=cols[7][None, :], prefill_chunks=chunks)
 
+    @classmethod
+    def from_entries(cls, rank_of, ranks: int, context: np.ndarray, new: np.ndarray,
+                     prefill: np.ndarray) -> StepWork:
+        """k steps (a run) from its requests' entries, (n, k) arrays: request i, on rank
+        rank_of[i], computes new[i, j] tokens over context[i, j] in step j (0: it sits
+        the step out), a prefill chunk where prefill[i, j]. The sums `from_batches`
+        makes of each step, with the chunks in its order (by rank, then request)."""
+        decode = (new > 0) & ~prefill
+        pairs = new * context + new * (new + 1) // 2
+        sums = [rank_sums(x.T, rank_of, ranks) for x in (
+            new * prefill, new * decode, prefill.astype(np.int64), decode.astype(np.int64),
+            (context + new) * (new > 0), pairs * prefill, pairs * decode, context * decode)]
+        step, i = np.nonzero(prefill.T)
+        chunks = (np.asarray(rank_of, dtype=np.int64)[i], new[i, step], context[i, step],
+                  step.astype(np.int64))
+        return cls(*sums[:7], idle=(sums[2] + sums[3]) == 0, decode_context=sums[7],
+                   prefill_chunks=chunks)
+
+    def rows(self, start: int, stop: int) -> StepWork:
+        """Steps [start, stop) (their chunks renumbered from 0)."""
+        chunks = self.prefill_chunks
+        if chunks is not None and len(chunks) == 4 and len(chunks[0]):
+            keep = (chunks[3] >= start) & (chunks[3] < stop)
+            chunks = (*(c[keep] for c in chunks[:3]), chunks[3][keep] - start)
+        return StepWork(*(getattr(self, f)[start:stop] for f in StepWork.__slots__[:9]),
+                        prefill_chunks=chunks, chunk_share=self.chunk_share)
+
     def head(self, k: int) -> StepWork:
         """The first k steps."""
-        return StepWork(*(getattr(self, f)[:k] for f in StepWork.__slots__[:9]),
-                        prefill_chunks=self.prefill_chunks, chunk_share=self.chunk_share)
+        return self.rows(0, k)
+
+
+def rank_sums(values: np.ndarray, rank_of, ranks: int) -> np.ndarray:
+    """values summed over the requests of each rank (the last axis: requests -> ranks);
+    integer sums, so the order of the additions does not matter."""
+    if ranks == 1:
+        return values.sum(axis=-1, keepdims=True)
+    out = np.zeros(values.shape[:-1] + (ranks,), dtype=values.dtype)
+    np.add.at(out, (..., np.asarray(rank_of)), values)
+    return out
 
 
 @dataclass(slots=True)

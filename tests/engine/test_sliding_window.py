@@ -276,7 +276,8 @@ def test_a_long_prefill_chunk_is_priced_by_its_window():
         z = np.zeros((1, 1), dtype=np.int64)
         work = StepWork(one, z, np.ones((1, 1), dtype=np.int64), z, one,
                         one * (one + 1) // 2, z, np.zeros((1, 1), dtype=bool),
-                        prefill_chunks=(np.array([0]), np.array([new]), np.array([0])))
+                        prefill_chunks=(np.array([0]), np.array([new]), np.array([0]),
+                                        np.array([0])))
         return float(engine.cost_model.step_timing(work, False).duration[0])
 
     swa = Engine(model="gpt-oss-120b", layout="tp2")

@@ -87,8 +87,68 @@ def test_chunks_summed_per_rank_in_order():
         seconds = rng.random(n) * 10.0 ** rng.integers(-6, 0, size=n)
         share = rng.choice([1.0, 3.0])
         work = StepWork(*(np.zeros((1, ranks), dtype=np.int64) for _ in range(8)),
-                        prefill_chunks=(rank, None, None), chunk_share=share)
+                        prefill_chunks=(rank, None, None, np.zeros_like(rank)),
+                        chunk_share=share)
         want = np.zeros(ranks)
         for r, s in zip(rank, seconds):  # in chunk order, as np.add.at adds them
             want[r] += s
         assert _sum_chunks(work, seconds).tobytes() == (want[None, :] / share).tobytes()
+
+
+def _entries(rng, k: int, ranks: int, width: int):
+    """A run's entries with prefill chunks: requests by rank, each step a request
+    decodes `width` tokens, computes a chunk, or sits the step out."""
+    n = int(rng.integers(1, 4 * ranks + 1))
+    rank_of = np.sort(rng.integers(0, ranks, size=n))
+    kind = rng.choice(3, size=(n, k), p=[0.6, 0.3, 0.1])  # decode / chunk / out
+    new = np.where(kind == 0, width, np.where(kind == 1, rng.integers(1, 600, (n, k)), 0))
+    context = rng.integers(0, 9000, size=(n, 1)) + np.cumsum(new, axis=1) - new
+    return rank_of, context, new, kind == 1
+
+
+def _batches(rank_of, ranks: int, context, new, prefill, j: int) -> list:
+    """Step j as the ranks' RankBatch objects, requests in order (as a single step
+    lists them)."""
+    from labkit.engine.scheduler import RankBatch
+
+    batches = [RankBatch(r) for r in range(ranks)]
+    for i, r in enumerate(rank_of.tolist()):
+        if new[i, j]:
+            b = batches[r]
+            b.requests.append(i)
+            b.num_new_tokens.append(int(new[i, j]))
+            b.contexts.append(int(context[i, j]))
+            b.is_decode.append(not prefill[i, j])
+    return batches
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_run_with_prefill_chunks_equals_its_steps(name):
+    """StepWork.from_entries row j == StepWork.from_batches of step j's batches, and the
+    run priced at once == its steps priced one by one (memo on and off)."""
+    rng = np.random.default_rng(11)
+    if not _model(name, True)[0].prices_chunk_rows:  # (DCP: such runs are declined)
+        assert name == "mla dcp"
+        return
+    ranks = Layout.parse(CONFIGS[name][1]).dp
+    width = 1 + CONFIGS[name][2]
+    for trial in range(8):
+        k = int(rng.integers(2, 12))
+        rank_of, context, new, prefill = _entries(rng, k, ranks, width)
+        work = StepWork.from_entries(rank_of, ranks, context, new, prefill)
+        steps = [StepWork.from_batches(_batches(rank_of, ranks, context, new, prefill, j))
+                 for j in range(k)]
+        for j, step in enumerate(steps):
+            row = work.rows(j, j + 1)
+            for f in FIELDS:
+                assert np.array_equal(getattr(row, f), getattr(step, f)), (f, j)
+            for a, b in zip(row.prefill_chunks, step.prefill_chunks):
+                assert a.tolist() == b.tolist()
+        for memoize in (True, False):
+            m, lockstep = _model(name, memoize)
+            whole = m.step_timing(work, lockstep)
+            for j, step in enumerate(steps):
+                one = _model(name, memoize)[0].step_timing(step, lockstep)
+                assert _same(one, type(one)(*(x[j:j + 1] for x in (
+                    whole.busy, whole.compute, whole.comm, whole.duration,
+                    whole.temporary_kv_bytes)))), (name, trial, memoize, j)

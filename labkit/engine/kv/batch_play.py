@@ -20,6 +20,8 @@ because
 A batch is declined, and the calls are made one by one (`DecodeRun._play_in_order`),
 where it could differ or where nobody can tell cheaply that it would not:
 
+- a rank computes a prefill chunk in the steps played (`chunk_run.py`): its blocks are
+  registered when its step starts, between the allocations;
 - a key to register is cached already, or twice: who holds it then depends on
   whether an eviction comes before or after the registration;
 - the pool is short;
@@ -114,23 +116,28 @@ def play_batch(kv, plan: BatchPlan) -> None:
         table.num_written = full
 
 
-def play_run_in_batches(run, first: int, alloc_stop: int, before, after, fills,
-                        ends) -> list:
+def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) -> list:
     """A run's KV work in the steps being played (`DecodeRun.play`: allocations of
     steps [run.allocated, alloc_stop), registrations of those ending from `first` on;
-    `before`, `after`, `fills` as there), a rank at a time. Returns the requests (rows
+    `after`, `fills` as there), a rank at a time. Returns the requests (rows
     of `run.pairs`) left to play call by call: those of ranks with few calls, or where
     the rank cannot tell that a batch gives the same result."""
     start = run.allocated
     calls = run.kv_calls[:, start:alloc_stop]
     per_request = calls.sum(axis=1) + fills.sum(axis=1)
-    # slots (tokens so far + width) of each request when each step starts, less `before`
-    offset = run.cum[start:alloc_stop] - run.cum[first] + run.width
+    if run.prefill is not None:  # a rank with prefill chunks plays call by call (their
+        # blocks are registered when their step starts, between allocations)
+        # (and so does a rank taking in a landed prefix before its first chunk)
+        landing = np.zeros(len(run.pairs), dtype=np.int64)
+        landing[list(run.lands if start == 0 else ())] = 1
+        per_request = per_request + run.prefill[:, start:alloc_stop].sum(axis=1) + landing
+        chunks = run.prefill[:, first:alloc_stop].any(axis=1) | (landing > 0)
     committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
     left = []
     for scheduler, lo, hi in _ranks(run.pairs):
         active = per_request[lo:hi]
-        if active.sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv):
+        if active.sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv) or \
+                (run.prefill is not None and chunks[lo:hi].any()):
             left += (lo + np.flatnonzero(active)).tolist()
             continue
         # (a request without calls takes nothing and registers nothing: it may stay in)
@@ -139,7 +146,7 @@ def play_run_in_batches(run, first: int, alloc_stop: int, before, after, fills,
         # blocks request i takes when step j starts, as `KVManager.allocate` would find
         # them: its slots over the table it holds by then
         have = np.array([kv.tables[r.request_id].n for r in reqs], dtype=np.int64)
-        slots = before[lo:hi, None] + offset[None, :]
+        slots = run.held[lo:hi, start:alloc_stop] + run.new[lo:hi, start:alloc_stop]
         need = np.where(rank_calls, -(-slots // kv.block_size), 0)
         held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
         counts = np.diff(held, axis=1, prepend=have[:, None])

@@ -22,7 +22,9 @@ class StepCostModel(Protocol):
     `step_timing` maps a (steps, ranks) StepWork to per-rank busy seconds and per-step
     durations (the slowest rank when `lockstep`); it must accept any number of steps
     and give each step the same seconds whether costed alone or in a batch of steps.
-    `min_step_s` is a lower bound on any step's duration (> 0).
+    `min_step_s` is a lower bound on any step's duration (> 0). A model that cannot
+    price rows with prefill chunks apart from the others may say so with a false
+    `prices_chunk_rows` (then runs carry no prefill chunks: `chunk_run.py`).
     The roofline model implements it; the calibrated, layout-aware model will too.
     """
 

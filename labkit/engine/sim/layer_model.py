@@ -119,6 +119,15 @@ class LayerStepModel:
     def min_step_s(self) -> float:
         return self.overheads.min_step_s if self.overheads is not None else 1e-6
 
+    @property
+    def prices_chunk_rows(self) -> bool:
+        """Are a run's rows priced as their steps alone when some carry prefill chunks
+        and others do not? Not with DCP, PCP or KVPP: their collectives are included
+        when any row of the array needs them (`Placement.comm_per_layer`), so rows
+        without prefill would pay the prefill's (decode-only runs are unaffected)."""
+        lay = self.layout
+        return lay.dcp == 1 and lay.pcp == 1 and lay.kvpp == 1
+
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
@@ -317,7 +326,7 @@ class LayerStepModel:
         if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
             return np.zeros(work.prefill_tokens.shape)
         m, lay, ops = self.model, self.layout, self.ops
-        _, new, ctx = work.prefill_chunks
+        _, new, ctx, _ = work.prefill_chunks
         if window:
             return self._window_prefill_core(work, window)
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
@@ -370,7 +379,7 @@ class LayerStepModel:
         chunk longer than the window runs as pieces of `window` queries, each over at
         most a window of earlier keys."""
         m, ops = self.model, self.ops
-        _, new, ctx = work.prefill_chunks
+        _, new, ctx, _ = work.prefill_chunks
         piece = np.minimum(new, window)
         pieces = new / np.maximum(piece, 1)
         prefix = np.where(new > window, window, np.minimum(ctx, window))
@@ -466,12 +475,15 @@ def _share(work: StepWork, split) -> StepWork:
 
 
 def _sum_chunks(work: StepWork, seconds) -> np.ndarray:
-    """Per-chunk times (`prefill_chunks` order) summed per rank, for 1/chunk_share."""
-    rank = work.prefill_chunks[0]
+    """Per-chunk times (`prefill_chunks` order) summed per step and rank, for
+    1/chunk_share. A run's row gets its own chunks added in the order its single step
+    adds them, so it sums to the same bits."""
+    rank, step = work.prefill_chunks[0], work.prefill_chunks[3]
+    steps, ranks = work.prefill_tokens.shape
     # bincount adds the chunks in order into zeros, as np.add.at would, in one C loop
-    per_rank = np.bincount(rank, weights=np.broadcast_to(seconds, rank.shape),
-                           minlength=work.prefill_tokens.shape[1])
-    return per_rank[None, :] / work.chunk_share
+    per_row = np.bincount(step * ranks + rank, weights=np.broadcast_to(seconds, rank.shape),
+                          minlength=steps * ranks)
+    return per_row.reshape(steps, ranks) / work.chunk_share
 
 
 def _full(x, shape) -> np.ndarray:

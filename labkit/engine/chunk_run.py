@@ -1,0 +1,116 @@
+"""Prefill chunks inside a fast-forwarded run: each request's tokens, step by step.
+
+A prompt longer than one step's token budget (`max_num_batched_tokens`, less the
+decodes) is computed over several steps, a chunk per step. While nobody waits, those
+steps are as predictable as decode steps: the scheduler walks the running requests in
+order, the decodes take `tokens_per_decode_step` each, and the prefill takes what is
+left — min(pending, long_prefill_token_threshold, budget left) — except on a step off
+the `prefill_schedule_interval` beat, which defers it. The step that computes the
+prompt's last token emits its first token; from the next step on the request decodes
+like the others. So a fast-forwarded run (`decode_run.py`) may carry such a request:
+`plan_tokens` says, for every request of the run and every step, the tokens it holds
+before the step and the tokens it computes in it, the run ending at the first step
+that finishes a request, as a decode run does.
+
+Only the common case is planned, where that is exactly what `Scheduler.schedule`
+would do (`Scheduler.is_steady` admits no other): per rank at most one request in
+prefill, the last in running order (so the decodes before it are never cut), its
+prefix KV not on the wire (landed is fine: the run's first step takes it in, as the
+scheduler does before its first chunk) and no other request's either (a deferred
+chunk would then be listed elsewhere among the step's requests), chunked prefill on, the rank not
+marked saturated (`prefill_capacity_bound`), and its prompt not ending in its last
+output (a request that finishes with its first token ends the run at once instead).
+Sliding windows, state snapshots, offload write-through and P/D prefill ranks are
+left to single steps, and so is everything while someone listens to `StepStarted`
+(a run's event names its requests, not the steps that compute their chunks, which
+the request phases of the timeline and Gantt views draw); a cost model that cannot
+price rows with chunks apart from the others declines them too (`plan_decode_run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class RunTokens:
+    """Per request of a run (rows, in the run's order) and step (columns)."""
+    held: np.ndarray  # (n, k+1) tokens with KV before step j (after the last: column k)
+    new: np.ndarray  # (n, k) tokens computed in step j (0: not scheduled, a deferred chunk)
+    prefill: np.ndarray | None  # (n, k) bool: a prefill chunk; None: every entry decodes
+    steps: int  # k, up to the first step that finishes a request
+    finishes: bool  # step k - 1 finishes one
+    lands: tuple = ()  # rows whose fetched prefix KV has landed: step 0 takes it in
+
+
+def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
+                max_steps: int) -> RunTokens | None:
+    """The tokens of up to max_steps steps (`cum`: tokens each decode accepts before
+    step j); None if a rank's steps are not exactly this plan (see the docstring)."""
+    width = config.tokens_per_decode_step
+    computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
+    remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
+    if all(r.is_decoding for _, r in pairs):
+        # every request gains cum[j] by step j; the first to finish ends the run
+        first_done = int(np.searchsorted(cum, remaining.min(), side="left"))
+        k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
+        held = computed[:, None] + np.minimum(cum[None, : k + 1], remaining[:, None])
+        return RunTokens(held, np.full((len(pairs), k), width, dtype=np.int64), None, k,
+                         finishes)
+    decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
+    held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
+    new = np.full((len(pairs), max_steps), width, dtype=np.int64)
+    prefill = np.zeros((len(pairs), max_steps), dtype=bool)
+    done = np.searchsorted(cum, remaining, side="left")  # steps to finish, decoding
+    steps, lands = max_steps, []
+    for i in np.flatnonzero(~decoding).tolist():
+        scheduler, req = pairs[i]
+        rank_decodes = sum(1 for j, (s, _) in enumerate(pairs) if s is scheduler and j != i)
+        chunk = _chunks(scheduler, req, rank_decodes, step_index, cum, config, max_steps)
+        if chunk is None:
+            return None
+        sizes, last, after = chunk
+        if req.kv_ready_s:  # landed (the run's requests are not on the wire)
+            lands.append(i)
+        steps = min(steps, after)
+        pending = req.num_pending_tokens
+        before = np.concatenate([[0], np.cumsum(sizes)])  # tokens computed before step j
+        held[i, : last + 1] = req.num_computed_tokens + before[: last + 1]
+        new[i, : last + 1] = sizes[: last + 1]
+        prefill[i, : last + 1] = sizes[: last + 1] > 0
+        if last < max_steps:  # a decode from step last + 1 on, from a full prompt
+            left = cum[last + 1:] - cum[last + 1]
+            held[i, last + 1:] = req.num_computed_tokens + pending + \
+                np.minimum(left, remaining[i] - 1)
+            done[i] = last + 1 + int(np.searchsorted(left, remaining[i] - 1, side="left"))
+        else:
+            done[i] = max_steps + 1
+    first_done = int(done.min())
+    k, finishes = (first_done, True) if first_done <= steps else (steps, False)
+    return RunTokens(held[:, : k + 1], new[:, :k], prefill[:, :k], k, finishes, tuple(lands))
+
+
+def _chunks(scheduler, req, rank_decodes: int, step_index: int, cum, config,
+            max_steps: int):
+    """(chunk sizes of req's prefill per step (max_steps,), the step that ends its prompt
+    (max_steps if none does), the steps a run may take before its decodes would be cut
+    by the budget), or None where the plan would not be exact."""
+    width = config.tokens_per_decode_step
+    budget = config.max_num_batched_tokens
+    threshold = config.long_prefill_token_threshold
+    left = budget - rank_decodes * width  # what the decodes before it leave
+    share = min(left, threshold or left)
+    pending = req.num_pending_tokens
+    if share <= 0 or req.remaining_output_tokens <= 1:
+        return None
+    # the steps off the prefill_schedule_interval beat defer it (when someone decodes)
+    index = step_index + np.arange(max_steps, dtype=np.int64)
+    active = (index % config.prefill_schedule_interval == 0) | (rank_decodes == 0)
+    sizes = np.minimum(np.cumsum(np.where(active, share, 0)), pending)
+    last = int(np.searchsorted(sizes, pending, side="left"))  # the step that ends it
+    sizes = np.diff(sizes, prepend=0)
+    # decoding itself from then on: the budget must cover every decode of the rank
+    after = max_steps if (rank_decodes + 1) * width <= budget else last + 1
+    return sizes, last, after

@@ -1,0 +1,83 @@
+"""Prefill chunks inside fast-forwarded runs (`chunk_run.py`): a replay whose prompts
+are computed over several steps, fast-forwarded, equals the same replay step by step,
+bit for bit (tables, summary, the per-step RequestTokens and FirstToken events) —
+under a small token budget, several ranks with prefixes fetched across them, the
+prefill_schedule_interval throttle, long_prefill_token_threshold, speculative decoding
+and lockstep ranks; and those steps are really run steps now."""
+
+import pandas as pd
+import pytest
+
+from support import small_agentx
+from labkit import Engine
+from labkit.engine.events import FirstToken, RequestTokens
+from labkit.engine.instance import Instance
+
+CONFIGS = {
+    "small budget": dict(model="tiny-llama", layout="tp1", max_num_batched_tokens=256),
+    "dp3 round-robin, fetched prefixes, interval 3": dict(
+        model="tiny-llama", layout="dp3", router="round_robin", max_num_batched_tokens=384,
+        prefill_schedule_interval=3),
+    "interval 2, tiny budget": dict(model="tiny-llama", layout="dp2", max_num_batched_tokens=128,
+                                    prefill_schedule_interval=2),
+    "threshold, spec decode": dict(model="tiny-llama", layout="tp1", num_speculative_tokens=2,
+                                   acceptance_length=2.5, long_prefill_token_threshold=96,
+                                   max_num_batched_tokens=512),
+    "dep4 lockstep, interval 2": dict(model="tiny-qwen3-moe", layout="dep4",
+                                      max_num_batched_tokens=256, prefill_schedule_interval=2),
+    "sync scheduling, tight KV": dict(model="tiny-llama", layout="dp2", router="least_kv",
+                                      async_scheduling=False, max_num_batched_tokens=200,
+                                      num_gpu_blocks_override=1400),
+}
+
+
+def replay(ff: bool, cfg: dict, singles: list | None = None):
+    engine = Engine(hardware="h100", block_size=16, sim_fast_forward=ff, **cfg)
+    log = []
+
+    def per_step(e):
+        for j, step in enumerate(e.step_index.tolist()):
+            log.append(("tokens", e.instance, step, tuple(e.request_ids), tuple(e.ranks.tolist()),
+                        tuple(e.context[j].tolist()), tuple(e.num_new[j].tolist()),
+                        tuple(e.decode[j].tolist()), tuple(e.held[j].tolist())))
+
+    engine.events.subscribe(per_step, RequestTokens)
+    engine.events.subscribe(lambda e: log.append(("first", e.t, e.request_id, e.rank)),
+                            FirstToken)
+    result = engine.replay(small_agentx(6, seed=3), concurrency=4, duration_s=60,
+                           max_idle_s=2.0, start_part_way=True)
+    return result, log
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_chunk_runs_are_exact(name):
+    fast, fast_log = replay(True, CONFIGS[name])
+    slow, slow_log = replay(False, CONFIGS[name])
+    assert slow.summary["requests_completed"] > 10
+    assert (slow.steps["prefill_tokens"] > 0).sum() > 20
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    drop = {"wall_s", "sim_speed"}
+    assert {k: v for k, v in fast.summary.items() if k not in drop} == \
+        {k: v for k, v in slow.summary.items() if k not in drop}
+    assert sorted(fast_log) == sorted(slow_log)
+
+
+def test_prefill_continuations_are_run_steps(monkeypatch):
+    """A step that continues a prompt (or takes in its landed prefix KV) while nobody
+    waits was a single step; it is now part of a run."""
+    single = Instance._plan_step
+    counts = {}
+
+    def counting(self, now):
+        s = self.schedulers[0]
+        if not len(s.waiting) and any(not r.is_decoding for r in s.running):
+            counts[self.config.sim_fast_forward] += 1
+        return single(self, now)
+
+    monkeypatch.setattr(Instance, "_plan_step", counting)
+    for ff in (True, False):
+        counts[ff] = 0
+        replay(ff, CONFIGS["small budget"])
+    assert counts[False] > 50
+    assert counts[True] < counts[False] / 5
