@@ -9,7 +9,8 @@ import pytest
 
 from labkit.costmodel import CostModel
 from labkit.engine.capacity import placement_for
-from labkit.engine.sim.layer_model import LayerStepModel, _sum_chunks
+from labkit.engine.sim.attention_cost import sum_chunks
+from labkit.engine.sim.layer_model import LayerStepModel
 from labkit.engine.step_work import StepWork
 from labkit.specs import EngineConfig, Layout, get_model
 
@@ -92,7 +93,7 @@ def test_chunks_summed_per_rank_in_order():
         want = np.zeros(ranks)
         for r, s in zip(rank, seconds):  # in chunk order, as np.add.at adds them
             want[r] += s
-        assert _sum_chunks(work, seconds).tobytes() == (want[None, :] / share).tobytes()
+        assert sum_chunks(work, seconds).tobytes() == (want[None, :] / share).tobytes()
 
 
 def _entries(rng, k: int, ranks: int, width: int):

@@ -3,12 +3,12 @@
 For each DP rank the model walks one pipeline stage's layers and adds up what a GPU
 of that rank does, pricing every kernel with the calibrated `CostModel` ops:
 
-- **attention layers**: the projections (GEMMs; MLA's down-projections and a DSA
-  indexer replicated on every TP rank, the per-head parts split), then the attention
-  core — decode over each request's context, prefill chunk by chunk over its prefix
-  — and, for DeepSeek-V3.2, the indexer over the whole context plus a gather of the
-  top-k entries. DCP shards the context a GPU reads but hands it every head's
-  queries; PCP splits a chunk's queries and all-gathers its KV;
+- **attention layers** (`attention_cost.py`): the projections (GEMMs; MLA's
+  down-projections and a DSA indexer replicated on every TP rank, the per-head parts
+  split), then the attention core — decode over each request's context, prefill chunk
+  by chunk over its prefix — and, for DeepSeek-V3.2, the indexer over the whole
+  context plus a gather of the top-k entries. DCP shards the context a GPU reads but
+  hands it every head's queries; PCP splits a chunk's queries and all-gathers its KV;
 - **linear-attention layers** (KDA): projections plus a recurrent state update,
   a memory-bound read-modify-write of the per-sequence state when decoding;
 - **MLP / MoE**: dense GEMMs, or the fused MoE kernel plus shared experts and
@@ -44,6 +44,7 @@ import numpy as np
 
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
+from labkit.engine.sim.attention_cost import AttentionCost
 from labkit.engine.sim.memo import ExactMemo, no_memo, one_row
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
@@ -70,10 +71,8 @@ class LayerStepModel:
         self.layout = lay = placement.layout
         self.drafts = num_speculative_tokens
         self.width = 1 + num_speculative_tokens
-        # fp8 checkpoints (DeepSeek, Kimi) run block-scaled fp8 GEMMs (DeepGEMM)
-        self.wdtype = "fp8_block" if m.weight_dtype == "fp8" else "bf16"
-        self.moe_dtype = "fp8_block" if m.weight_dtype == "fp8" else "bf16"
-        self.kv_dtype = placement.kv_dtype
+        self.attention = attn = AttentionCost(placement, ops, self.width)
+        self.wdtype = self.moe_dtype = attn.wdtype
         pp = lay.pp
         # layers of each kind on one pipeline stage (average stage)
         self.full_layers = m.num_full_attention_layers / pp
@@ -81,13 +80,6 @@ class LayerStepModel:
         self.linear_layers = m.num_linear_layers / pp
         self.moe_layers = m.num_moe_layers / pp
         self.dense_layers = m.num_dense_mlp_layers / pp
-        self.heads = m.num_heads / lay.tp  # query heads a TP rank owns
-        # the placement's figures the step reads (a frozen placement: fixed)
-        self.kv_heads = placement.kv_heads_per_gpu
-        self.dcp_heads = placement.dcp_heads_per_gpu
-        self.kv_per_layer = placement.kv_bytes_per_token_per_layer_per_gpu()
-        # prefill chunks gather the whole KV (PCP, or DCP on an MLA model; see Placement)
-        self.gathered = lay.pcp > 1 or placement.gathers_prefix_for_prefill()
         self.has_drafts = bool(num_speculative_tokens and m.num_mtp_modules)
         self.overheads = overheads
         self.moe_routing = moe_routing
@@ -185,7 +177,7 @@ class LayerStepModel:
         counts = _Counts(*counts)
         mode, padded = self._graphs(counts, lockstep)
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
-        proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+        proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
         mlp = self._piece("mlp", self._mlp_layer, tokens, group)
         rows = counts.num_prefill_reqs + np.where(counts.idle & lockstep, 1,
                                                    counts.decode_tokens)
@@ -224,7 +216,7 @@ class LayerStepModel:
                 work = _share(work, split)
                 counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
             t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
-            proj = self._piece("attention_proj", self._attention_proj, tokens, t_dec)
+            proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
             mlp, mlp_comm = self._piece("mlp", self._mlp_layer, tokens, group)
         attn, attn_comm = self._attention_layer(work, tokens, t_dec, proj)
         linear = self._linear_layer(work, tokens)
@@ -262,131 +254,18 @@ class LayerStepModel:
     def _attention_layer(self, work: StepWork, tokens, t_dec, proj, window: int = 0):
         """One attention layer (`proj`: its projections, priced); `window` > 0: a
         sliding-window layer, whose queries read at most `window` positions each."""
-        core = self._decode_core(work, window) + self._prefill_core(work, window)
+        attention = self.attention
+        core = attention.decode_core(work, window) + attention.prefill_core(work, window)
         comm = 0.0
         # DCP runs attention over token shards (gather queries, merge partial outputs)
         # for decode, and for prefill unless the chunk gathers the KV instead
         p, ops = self.placement, self.ops
-        sharded = t_dec if self.gathered else tokens
+        sharded = t_dec if attention.gathered else tokens
         collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
                                        _prefill_prefix(work), sharded)
         for op, nbytes, n in collectives.values():
             comm = comm + ops.collective(op, nbytes, n)
         return proj + core, comm
-
-    def _attention_proj(self, tokens, t_dec):
-        """An attention layer's projections (GEMMs), which see only token counts."""
-        m, ops, w = self.model, self.ops, self.wdtype
-        h, heads = m.hidden_size, self.heads
-        if m.is_mla:
-            q_in = m.q_lora_rank or h
-            proj = ops.gemm(tokens, heads * m.qk_head_dim, q_in, w)
-            proj = proj + ops.gemm(tokens, m.kv_lora_rank + m.qk_rope_head_dim, h, w)
-            if m.q_lora_rank:
-                proj = proj + ops.gemm(tokens, m.q_lora_rank, h, w)
-            proj = proj + ops.gemm(tokens, h, heads * m.v_head_dim, w)
-            # decode runs absorbed: queries into latent space, outputs back out
-            proj = proj + ops.gemm(t_dec * heads, m.kv_lora_rank, m.qk_nope_head_dim, "bf16")
-            proj = proj + ops.gemm(t_dec * heads, m.v_head_dim, m.kv_lora_rank, "bf16")
-            if m.has_indexer:  # replicated on every TP rank
-                proj = proj + ops.gemm(tokens, m.index_num_heads * m.index_head_dim, q_in, w)
-                proj = proj + ops.gemm(tokens, m.index_head_dim + m.index_num_heads, h, w)
-        else:
-            kv_heads = self.kv_heads
-            proj = ops.gemm(tokens, (heads + 2 * kv_heads) * m.head_dim, h, w)
-            proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
-        return proj
-
-    def _decode_core(self, work: StepWork, window: int = 0):
-        m, lay, ops = self.model, self.layout, self.ops
-        b = work.num_decode_reqs
-        busy = b > 0
-        if not busy.any():  # a prefill-only step (what np.where below would give)
-            return np.zeros(b.shape)
-        safe_b = np.maximum(b, 1)
-        ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
-        if window:  # the mean context, capped (exact when all are past the window)
-            ctx = np.minimum(ctx, window)
-        heads = self.dcp_heads  # ...for every head sharing the shard
-        if m.has_indexer:
-            topk = np.minimum(ctx * lay.dcp, m.index_topk) / lay.dcp
-            t = ops.sparse_attention(safe_b, self.width, np.maximum(topk, 1), heads,
-                                     m.kv_lora_rank, m.qk_rope_head_dim, self.kv_dtype)
-            t = t + ops.indexer(safe_b, self.width, np.maximum(ctx, 1), m.index_num_heads,
-                                m.index_head_dim)
-        elif m.is_mla:  # several query tokens per request make MLA decode compute-bound
-            t = ops.mla_decode(safe_b, np.maximum(ctx, 1), heads, m.kv_lora_rank,
-                               m.qk_rope_head_dim, self.kv_dtype, query_len=self.width)
-        else:
-            t = ops.attention_decode(safe_b, np.maximum(ctx, 1), heads,
-                                     self.kv_heads, m.head_dim, self.kv_dtype)
-        return np.where(busy, t, 0.0)
-
-    def _prefill_core(self, work: StepWork, window: int = 0):
-        if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
-            return np.zeros(work.prefill_tokens.shape)
-        m, lay, ops = self.model, self.layout, self.ops
-        _, new, ctx, _ = work.prefill_chunks
-        if window:
-            return self._window_prefill_core(work, window)
-        queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
-        # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
-        # for their queries; otherwise DCP ranks attend over their own shards
-        shard = 1 if self.gathered else lay.dcp
-        prefix = (ctx + (new - queries) / 2) / shard
-        heads = self.dcp_heads if shard > 1 else self.heads
-        q = np.maximum(queries, 1)
-        if m.has_indexer:
-            topk = np.minimum(ctx + new / 2, m.index_topk) / shard
-            t = ops.sparse_attention(1, q, np.maximum(topk, 1), heads, m.kv_lora_rank,
-                                     m.qk_rope_head_dim, self.kv_dtype)
-            t = t + ops.indexer(1, q, np.maximum(prefix, 1), m.index_num_heads,
-                                m.index_head_dim)
-            t = t + self._sparse_prefill_latent(q, (ctx + new) / shard)
-        elif m.is_mla:
-            t = ops.mla_prefill(1, q, prefix, heads, m.qk_nope_head_dim, m.qk_rope_head_dim,
-                                m.v_head_dim, self.kv_dtype)
-            # the cached latent is up-projected to keys and values for the chunk
-            kv_tokens = (ctx + new) / shard
-            t = t + ops.gemm(kv_tokens, self.heads * (m.qk_nope_head_dim + m.v_head_dim),
-                             m.kv_lora_rank, "bf16")
-        else:
-            t = ops.attention_prefill(1, q, prefix, heads, self.kv_heads,
-                                      m.head_dim, self.kv_dtype)
-        return _sum_chunks(work, t)
-
-    def _sparse_prefill_latent(self, queries, kv_tokens):
-        """What a DSA prefill chunk pays besides the sparse kernel and the indexer
-        (issue 13, HOL study). vLLM's sparse MLA backends (FlashMLA sparse) run prefill
-        in latent space like decode: the chunk's queries go through W_UK and its
-        outputs through W_UV; the cached prefix is never up-projected per head (that is
-        dense MLA's MHA path, whose cost grows with the prefix on every chunk). With an
-        fp8 cache the request's latents are first dequantised into a bf16 workspace,
-        a memory-bound pass over its whole context."""
-        m, ops = self.model, self.ops
-        rows = queries * self.heads
-        t = ops.gemm(rows, m.kv_lora_rank, m.qk_nope_head_dim, "bf16")
-        t = t + ops.gemm(rows, m.v_head_dim, m.kv_lora_rank, "bf16")
-        if self.kv_dtype == "fp8":
-            latent = m.kv_lora_rank + m.qk_rope_head_dim
-            nbytes = kv_tokens * (self.kv_per_layer
-                                  + 2.0 * latent)
-            t = t + nbytes / (ops.hardware.hbm_bandwidth * ops.params.mla.memory_eff)
-        return t
-
-    def _window_prefill_core(self, work: StepWork, window: int):
-        """Sliding-window prefill (GQA; DCP and PCP are refused for such models): a
-        chunk longer than the window runs as pieces of `window` queries, each over at
-        most a window of earlier keys."""
-        m, ops = self.model, self.ops
-        _, new, ctx, _ = work.prefill_chunks
-        piece = np.minimum(new, window)
-        pieces = new / np.maximum(piece, 1)
-        prefix = np.where(new > window, window, np.minimum(ctx, window))
-        t = pieces * ops.attention_prefill(1, np.maximum(piece, 1), prefix, self.heads,
-                                           self.kv_heads, m.head_dim,
-                                           self.kv_dtype)
-        return _sum_chunks(work, t)
 
     # -------------------------------------------------------------------- mlp
     def _mlp_layer(self, tokens, group):
@@ -454,7 +333,7 @@ class LayerStepModel:
 
     def _temporary_kv(self, work: StepWork):
         lay, p = self.layout, self.placement
-        per_layer = self.kv_per_layer
+        per_layer = self.attention.kv_per_layer
         if lay.pcp > 1 and lay.dcp > 1:
             prefill_kv = work.kv_read_tokens - (work.decode_context + work.decode_tokens)
             return prefill_kv * per_layer
@@ -472,18 +351,6 @@ def _share(work: StepWork, split) -> StepWork:
         "kv_read_tokens", "prefill_pairs", "decode_pairs", "decode_context")}
     return StepWork(**fields, idle=work.idle, prefill_chunks=work.prefill_chunks,
                     chunk_share=split)
-
-
-def _sum_chunks(work: StepWork, seconds) -> np.ndarray:
-    """Per-chunk times (`prefill_chunks` order) summed per step and rank, for
-    1/chunk_share. A run's row gets its own chunks added in the order its single step
-    adds them, so it sums to the same bits."""
-    rank, step = work.prefill_chunks[0], work.prefill_chunks[3]
-    steps, ranks = work.prefill_tokens.shape
-    # bincount adds the chunks in order into zeros, as np.add.at would, in one C loop
-    per_row = np.bincount(step * ranks + rank, weights=np.broadcast_to(seconds, rank.shape),
-                          minlength=steps * ranks)
-    return per_row.reshape(steps, ranks) / work.chunk_share
 
 
 def _full(x, shape) -> np.ndarray:
