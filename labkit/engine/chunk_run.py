@@ -40,7 +40,7 @@ class RunTokens:
     held: np.ndarray  # (n, k+1) tokens with KV before step j (after the last: column k)
     new: np.ndarray  # (n, k) tokens computed in step j (0: not scheduled, a deferred chunk)
     prefill: np.ndarray | None  # (n, k) bool: a prefill chunk; None: every entry decodes
-    steps: int  # k, up to the first step that finishes a request (past_finish: the last)
+    steps: int  # k, up to the first step that finishes a request
     finishes: bool  # step k - 1 finishes one
     lands: tuple = ()  # rows whose fetched prefix KV has landed: step 0 takes it in
     finish_steps: np.ndarray | None = None  # the steps that finish requests (None: the last

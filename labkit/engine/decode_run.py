@@ -19,12 +19,8 @@ done it: the allocations of step j happen when step j starts, its tokens are emi
 (and full blocks cached) when it ends. Whatever looks at the engine in the middle of
 a run — an arrival being routed — first calls `sync(t)`, which plays the run up to t
 and cuts it after the step in progress, so the newcomer is scheduled in the next step
-just as it would have been. The run also stops before the next known arrival and
-where the pool would run out of blocks (it counts none of the blocks that finishes
-free). A run of decodes goes on past the steps that finish requests: it is committed
-at each such step's end — the finished requests announced and freed there, as step by
-step, then dropped from the run (`DecodeRun.drop`) — and the others decode on; a
-follow-up call that arrives then cuts it through `sync(t)` like any arrival.
+just as it would have been. The run also stops at the first step that finishes a
+request, before the next known arrival, and where the pool would run out of blocks.
 A rank's KV work in a playback is done in one batch where that is exact
 (`kv/batch_play.py`). A fast-forwarded replay is identical to a step-by-step one, bit
 for bit; `tests/engine/test_fast_forward.py` checks exactly that.
@@ -313,13 +309,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     # Cost of each step, then cut before the first step ending at or after the horizon.
     ranks = len(schedulers)
     if tokens.prefill is None:
-        if finish_steps[:1] in ((), (k - 1,)):  # everyone decodes throughout
-            counts = np.repeat(np.bincount(rank_of, minlength=ranks)[None, :], k, axis=0)
-            context = rank_sums(held[:, 0], rank_of, ranks)[None, :] + counts * cum[:k, None]
-        else:  # after its last step a request sits the run out
-            decoding = new[:, :k] > 0
-            counts = rank_sums(decoding.T.astype(np.int64), rank_of, ranks)  # (k, R)
-            context = rank_sums((held[:, :k] * decoding).T, rank_of, ranks)
+        decoding = new[:, :k] > 0  # (after its last step a request sits the run out)
+        counts = rank_sums(decoding.T.astype(np.int64), rank_of, ranks)  # (k, R)
+        context = rank_sums((held[:, :k] * decoding).T, rank_of, ranks)
 
         def rows(a: int, b: int) -> StepWork:
             return decode_work(counts[a:b], context[a:b], width)

@@ -104,14 +104,13 @@ def test_runs_go_on_past_finishes(monkeypatch):
     for past in (True, False):
         calls = []
 
-        def counting(*args, calls=calls, **kwargs):
+        def counting(*args, **kwargs):
             run = plan_run(*args, **kwargs)
             calls.append(run is not None)
             return run
 
         monkeypatch.setattr(instance_module, "plan_decode_run", counting)
-        monkeypatch.setattr(instance_module.Instance, "_runs_past_finish",
-                            lambda self, past=past: past)
+        monkeypatch.setattr(instance_module.Instance, "_runs_past_finish", lambda self: past)
         result, _ = replay(True, CONFIGS["spec decode"])
         planned[past] = (sum(calls), len(result.steps))
     assert planned[True][1] == planned[False][1]  # the same steps...
