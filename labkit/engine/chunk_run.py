@@ -43,29 +43,22 @@ class RunTokens:
     steps: int  # k, up to the first step that finishes a request
     finishes: bool  # step k - 1 finishes one
     lands: tuple = ()  # rows whose fetched prefix KV has landed: step 0 takes it in
-    finish_steps: np.ndarray | None = None  # the steps that finish requests (None: the last
-    # one if `finishes`)
 
 
 def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
-                max_steps: int, past_finish: bool = False) -> RunTokens | None:
+                max_steps: int) -> RunTokens | None:
     """The tokens of up to max_steps steps (`cum`: tokens each decode accepts before
-    step j); None if a rank's steps are not exactly this plan (see the docstring).
-    `past_finish`: a run of decodes only goes on past the steps that finish requests
-    (each sits the steps after its last out, new = 0) until the last one finishes."""
+    step j); None if a rank's steps are not exactly this plan (see the docstring)."""
     width = config.tokens_per_decode_step
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
     if all(r.is_decoding for _, r in pairs):
-        # every request gains cum[j] by step j until it finishes (its last step: done - 1)
-        done = np.searchsorted(cum, remaining, side="left")
-        last_done = int(done.max() if past_finish else done.min())
-        k = min(last_done, max_steps)
+        # every request gains cum[j] by step j; the first to finish ends the run
+        first_done = int(np.searchsorted(cum, remaining.min(), side="left"))
+        k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
         held = computed[:, None] + np.minimum(cum[None, : k + 1], remaining[:, None])
-        new = np.where(np.arange(k)[None, :] < done[:, None], width, 0)
-        finish_steps = np.unique(done[done <= k]) - 1
-        return RunTokens(held, new, None, k, bool(len(finish_steps)) and
-                         int(finish_steps[-1]) == k - 1, finish_steps=finish_steps)
+        return RunTokens(held, np.full((len(pairs), k), width, dtype=np.int64), None, k,
+                         finishes)
     decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
     held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
     new = np.full((len(pairs), max_steps), width, dtype=np.int64)

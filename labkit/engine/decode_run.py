@@ -69,7 +69,6 @@ class DecodeRun:
     finishes: bool  # the last step finishes a request
     lands: tuple = ()  # rows whose landed prefix KV step 0 takes in (`chunk_run.py`)
     chunk_end: int = 0  # the steps before it carry prefill chunks (or sit one out)
-    finish_steps: tuple = ()  # the steps whose end finishes requests, in order
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
 
@@ -84,25 +83,6 @@ class DecodeRun:
     @property
     def end(self) -> float:
         return float(self.start[-1] + self.timing.duration[-1])
-
-    @property
-    def next_stop(self) -> int:
-        """The steps played when the run is next committed: up to the next one that
-        finishes a request, or all of them."""
-        return next((j + 1 for j in self.finish_steps if j >= self.committed), self.steps)
-
-    @property
-    def next_stop_s(self) -> float:
-        """When the run is next committed."""
-        j = self.next_stop - 1
-        return float(self.start[j] + self.timing.duration[j])
-
-    def drop(self, finished: set) -> None:
-        """The requests (ids) that finished leave the run: the steps after sit them out."""
-        keep = [i for i, (_, r) in enumerate(self.pairs) if id(r) not in finished]
-        self.pairs = [self.pairs[i] for i in keep]
-        self.held, self.new = self.held[keep], self.new[keep]
-        self.new_blocks, self.kv_calls = self.new_blocks[keep], self.kv_calls[keep]
 
     # ------------------------------------------------------------- playback
     def play(self, alloc_stop: int, commit_stop: int) -> list:
@@ -240,21 +220,18 @@ class DecodeRun:
         if self.prefill is not None:
             self.prefill = self.prefill[:, :steps]
         self.chunk_end = min(self.chunk_end, steps)
-        self.finish_steps = tuple(j for j in self.finish_steps if j < steps)
-        self.finishes = steps - 1 in self.finish_steps
+        self.finishes = False
 
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
-                    max_steps: int, step_guess_s: float = 0.0,
-                    past_finish: bool = False) -> DecodeRun | None:
+                    max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
     """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
     one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
-    steps past the horizon is not computed. `past_finish`: a run of decodes goes on
-    past the steps that finish requests (`chunk_run.plan_tokens`)."""
+    steps past the horizon is not computed."""
     pairs, rank_of, landing = [], [], np.inf
     for rank, s in enumerate(schedulers):
         for r in s.running:
@@ -269,7 +246,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
     cum = accepted_before(step_index, max_steps, acceptance)
-    tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps, past_finish)
+    tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
     if tokens is None or (tokens.prefill is not None
                           and not getattr(cost_model, "prices_chunk_rows", True)):
         return None
@@ -296,9 +273,6 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         k, finishes = int(np.argmin(fits)), False
         if k < 1:
             return None
-    finish_steps = (k - 1,) if finishes else ()
-    if tokens.finish_steps is not None:
-        finish_steps = tuple(j for j in tokens.finish_steps.tolist() if j < k)
 
     prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
     if tokens.prefill is not None:
@@ -309,12 +283,11 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     # Cost of each step, then cut before the first step ending at or after the horizon.
     ranks = len(schedulers)
     if tokens.prefill is None:
-        decoding = new[:, :k] > 0  # (after its last step a request sits the run out)
-        counts = rank_sums(decoding.T.astype(np.int64), rank_of, ranks)  # (k, R)
-        context = rank_sums((held[:, :k] * decoding).T, rank_of, ranks)
+        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
+        base = rank_sums(held[:, 0], rank_of, ranks)
 
         def rows(a: int, b: int) -> StepWork:
-            return decode_work(counts[a:b], context[a:b], width)
+            return decode_work(counts, base, cum[a:b], width)
     else:
         whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
         rows = whole.rows
@@ -330,7 +303,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
     run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                     net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                    chunk_end, finish_steps)
+                    chunk_end)
     run.truncate(within)
     return run
 
@@ -380,19 +353,20 @@ def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
     return np.diff(np.concatenate([live, first], axis=1), axis=1)
 
 
-def decode_work(counts: np.ndarray, ctx: np.ndarray, width: int) -> StepWork:
-    """StepWork of k decode steps: (k, R) requests decoding on each rank, and the sum of
-    their contexts."""
+def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:
+    """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
+    ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
     zeros = np.zeros_like(ctx)
+    k = len(cum)
     return StepWork(
         prefill_tokens=zeros,
-        decode_tokens=counts * width,
+        decode_tokens=np.repeat((counts * width)[None, :], k, axis=0),
         num_prefill_reqs=zeros,
-        num_decode_reqs=counts,
-        kv_read_tokens=ctx + counts * width,
+        num_decode_reqs=np.repeat(counts[None, :], k, axis=0),
+        kv_read_tokens=ctx + counts[None, :] * width,
         prefill_pairs=zeros,
-        decode_pairs=width * ctx + counts * (width * (width + 1) // 2),
-        idle=counts == 0,
+        decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
+        idle=np.repeat((counts == 0)[None, :], k, axis=0),
         decode_context=ctx,
     )
 

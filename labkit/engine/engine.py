@@ -395,8 +395,6 @@ class Engine(Arrivals):
                 self.events.emit(RequestFinished(self.now, req))
             for callback in self.finish_callbacks:
                 callback(req, self.now)
-        if instance.plan is not None:  # a run goes on past the requests it finished
-            self._push_timer(instance.plan.end, _COMMIT, instance)
         self._wake(instance)
 
     # ------------------------------------------------------------ replay

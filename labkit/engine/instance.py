@@ -35,7 +35,7 @@ from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepSt
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.engine.step_message import Outbox, step_input
 
-MAX_RUN_STEPS = 1024
+MAX_RUN_STEPS = 512
 MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
 
 
@@ -134,21 +134,10 @@ class Instance:
     def _plan_run(self, now: float, horizon: float) -> Plan | None:
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s, self._runs_past_finish())
+                              MAX_RUN_STEPS, self.last_step_s)
         if run is None:
             return None
-        return Plan(now, run.next_stop_s, run.finishes, run.timing, run.work, run.kv_used,
-                    run=run)
-
-    def _runs_past_finish(self) -> bool:
-        """May a run go on past the steps that finish requests? Not while someone listens
-        to StepStarted (its event announces the run's requests and end once), nor where
-        a finish hands the KV over (a P/D prefill rank: `disagg.py`), nor with
-        sliding-window pages (a finish there frees pages the later steps' counts would
-        have to follow)."""
-        return not (self.events.wants(StepStarted)
-                    or any(s.hold_kv_on_finish or s.kv.window is not None
-                           for s in self.schedulers))
+        return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
     def next_ready_s(self) -> float | None:
         """The earliest time a request now waiting for fetched KV can run."""
@@ -176,46 +165,31 @@ class Instance:
 
     # ---------------------------------------------------------------- commit
     def commit(self, plan: Plan) -> list:
-        """Apply a plan at its end time; returns the requests it finished. A run that
-        goes on past them stays the instance's plan, to be committed again at its next
-        end (`plan.end`)."""
+        """Apply a plan at its end time; returns the requests it finished."""
+        last_start = plan.run.start[-1] if plan.run is not None else plan.start
+        self.last_step = (float(last_start), plan.end)
         if plan.run is not None:
-            return self._commit_run(plan)
-        self.last_step = (plan.start, plan.end)
-        finished = []
-        for s, batch in zip(self.schedulers, plan.batches):
-            s.now = plan.end
-            s.kv.set_time(plan.end)
-            finished += s.update(batch, plan.accepted, plan.end, plan.tokens)
-        self._emit_steps(plan, 0, 1)
+            first, steps = plan.run.committed, plan.run.steps
+            pairs = plan.run.play(steps, steps)
+            # the steps before the last one end before anyone finishes (as stepping
+            # one by one would announce them)
+            last = steps - 1 if pairs else steps
+            self._emit_steps(plan, first, last)
+            finished = []
+            for s, req in pairs:
+                s.kv.set_time(plan.end)
+                s.finish(req, plan.end)
+                finished.append(req)
+            self._emit_steps(plan, max(first, last), steps)
+        else:
+            finished = []
+            for s, batch in zip(self.schedulers, plan.batches):
+                s.now = plan.end
+                s.kv.set_time(plan.end)
+                finished += s.update(batch, plan.accepted, plan.end, plan.tokens)
+            self._emit_steps(plan, 0, 1)
         self.plan = None
         return finished
-
-    def _commit_run(self, plan: Plan) -> list:
-        """Commit a run's steps up to its next stop: the step that finishes requests, or
-        its last. The steps before it end before anyone finishes (as stepping one by
-        one would announce them). If steps are left, the run goes on without the
-        finished requests: the blocks they freed leave the later steps' counts."""
-        run = plan.run
-        first, stop = run.committed, run.next_stop
-        self.last_step = (float(run.start[stop - 1]), plan.end)
-        pairs = run.play(stop, stop)
-        last = stop - 1 if pairs else stop
-        self._emit_steps(plan, first, last)
-        freed = np.zeros(len(self.schedulers), dtype=np.int64)
-        for s, req in pairs:
-            used = s.kv.pool.num_used
-            s.kv.set_time(plan.end)
-            s.finish(req, plan.end)
-            freed[self.schedulers.index(s)] += used - s.kv.pool.num_used
-        self._emit_steps(plan, max(first, last), stop)
-        if stop == run.steps:
-            self.plan = None
-        else:
-            run.drop({id(req) for _, req in pairs})
-            run.kv_used = np.concatenate([run.kv_used[:stop], run.kv_used[stop:] - freed])
-            plan.kv_used, plan.end = run.kv_used, run.next_stop_s
-        return [req for _, req in pairs]
 
     def sync(self, t: float, cut: bool = True) -> bool:
         """Someone looks at this instance at time t (an arrival is being routed). If
@@ -224,7 +198,7 @@ class Instance:
         the step in progress (a newcomer, arrived at t, may join the next step). Returns
         True if the plan's end moved."""
         plan = self.plan
-        if plan is None or plan.run is None or t >= plan.run.end:
+        if plan is None or plan.run is None or t >= plan.end:
             return False
         run = plan.run
         started = max(1, int(np.searchsorted(run.start, t, side="left")))
@@ -237,7 +211,7 @@ class Instance:
         if cut and keep < run.steps:
             run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
-            plan.end, plan.finishes = run.next_stop_s, run.finishes
+            plan.end, plan.finishes = run.end, run.finishes
             return True
         return False
 

@@ -113,15 +113,8 @@ def rank_sums(values: np.ndarray, rank_of, ranks: int) -> np.ndarray:
     integer sums, so the order of the additions does not matter."""
     if ranks == 1:
         return values.sum(axis=-1, keepdims=True)
-    rank_of = np.asarray(rank_of)
-    if (np.diff(rank_of) >= 0).all():
-        # requests listed a rank at a time (a run's are): differences of running sums
-        bounds = np.searchsorted(rank_of, np.arange(ranks + 1), side="left")
-        running = np.zeros(values.shape[:-1] + (len(rank_of) + 1,), dtype=values.dtype)
-        np.cumsum(values, axis=-1, out=running[..., 1:])
-        return running[..., bounds[1:]] - running[..., bounds[:-1]]
     out = np.zeros(values.shape[:-1] + (ranks,), dtype=values.dtype)
-    np.add.at(out, (..., rank_of), values)
+    np.add.at(out, (..., np.asarray(rank_of)), values)
     return out
 
 
