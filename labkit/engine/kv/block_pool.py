@@ -18,6 +18,11 @@ All per-block state lives in numpy arrays so that touching the 2,000+ blocks of 
 long agentic prompt is one vectorised operation, not a Python loop. The arrays cover
 the blocks handed out so far (growing by doubling, `free_queue.grown`): a block never
 used has ref count 0, no key and generation 0, which is what an absent entry means.
+
+The prefix cache's index, key -> block, is a dictionary. Agentic replays evict millions
+of keys, and deleting each from the dictionary was over a quarter of the pool's time, so
+eviction only clears the block's key: a dictionary entry counts while its block still
+holds its key, and stale entries are swept out in bulk (`_sweep`).
 """
 
 from __future__ import annotations
@@ -177,9 +182,11 @@ class BlockPool:
         return fresh, fresh_keys
 
     def _sweep(self) -> None:
-        """Drop the stale entries: rebuild the dictionary from the blocks holding keys."""
-        keyed = np.flatnonzero(self.block_key != NO_KEY)
-        self._cached = dict(zip(self.block_key[keyed].tolist(), keyed.tolist()))
+        """Drop the stale entries: rebuild the dictionary from the blocks holding keys
+        (it then holds the live entries only; the next sweep comes once twice as many
+        stale ones have piled up, so sweeping costs at most half an insertion per
+        evicted block, where deleting at eviction cost a deletion each)."""
+        self._cached = self.cached_map()
 
     def cached_none(self, keys: list) -> bool:
         """Is none of these keys cached?"""
