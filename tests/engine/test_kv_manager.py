@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from labkit.engine.kv import KVManager, TraceBlockKeys
-from labkit.engine.kv.block_pool import NO_KEY, SWEEP_SLACK
+from labkit.engine.kv.block_pool import NO_KEY
 from labkit.engine.request import Request
 
 BS = 4
@@ -29,9 +29,9 @@ BS = 4
 def naive_lookup(kv: KVManager, req) -> list[int]:
     """Walk the cache key by key; cap so that at least one token is recomputed."""
     limit = min((req.num_tokens - 1) // kv.block_size, req.keys.num_blocks)
-    blocks, cached = [], kv.pool.cached_map()
+    blocks = []
     for j in range(limit):
-        b = cached.get(req.keys.key(j))
+        b = kv.pool._cached.get(req.keys.key(j))
         if b is None:
             break
         blocks.append(b)
@@ -188,10 +188,9 @@ class KVMachine(RuleBasedStateMachine):
             return
         pool = self.kv.pool
         keyed = np.flatnonzero(pool.block_key != NO_KEY)
-        assert pool.num_cached == len(keyed)
+        assert sorted(pool._cached.values()) == sorted(keyed.tolist())
         for b in keyed.tolist():
-            assert pool.cached_block(int(pool.block_key[b])) == b
-        assert len(pool._cached) <= 3 * pool.num_cached + SWEEP_SLACK  # stale ones swept
+            assert pool._cached[int(pool.block_key[b])] == b
 
     def teardown(self):
         if not hasattr(self, "kv"):

@@ -18,11 +18,6 @@ All per-block state lives in numpy arrays so that touching the 2,000+ blocks of 
 long agentic prompt is one vectorised operation, not a Python loop. The arrays cover
 the blocks handed out so far (growing by doubling, `free_queue.grown`): a block never
 used has ref count 0, no key and generation 0, which is what an absent entry means.
-
-The prefix cache's index, key -> block, is a dictionary. Agentic replays evict millions
-of keys, and deleting each from the dictionary was over a quarter of the pool's time, so
-eviction only clears the block's key: a dictionary entry counts while its block still
-holds its key, and stale entries are swept out in bulk (`_sweep`).
 """
 
 from __future__ import annotations
@@ -35,8 +30,6 @@ from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
 from labkit.engine.kv.free_queue import EAGER_BLOCKS, FreeBlockQueue, grown
 
 NO_KEY = -1
-# stale dictionary entries tolerated beyond twice the live ones (see `_sweep`)
-SWEEP_SLACK = 4096
 
 
 class BlockPool:
@@ -57,12 +50,7 @@ class BlockPool:
         # Registered by a step that has not run yet (same-step prefix hits): hittable
         # on this rank, not yet KV another rank could copy.
         self.pending = np.zeros(size, dtype=bool)
-        # key -> the block it was registered in. Eviction leaves the entry behind (one
-        # array write instead of a dictionary deletion per block): an entry counts only
-        # while its block still holds its key (`block_key`), and stale ones are swept out
-        # in bulk once they outnumber the live ones (`_sweep`).
-        self._cached: dict[int, int] = {}
-        self._num_cached = 0  # blocks holding a key: the live entries
+        self._cached: dict[int, int] = {}  # key -> physical block
         self._free = FreeBlockQueue(num_blocks)
         self.now = 0.0  # time stamp for events, set by the owner
 
@@ -78,7 +66,7 @@ class BlockPool:
 
     @property
     def num_cached(self) -> int:
-        return self._num_cached
+        return len(self._cached)
 
     def usage(self) -> float:
         """Fraction of blocks in use (vLLM's kv_cache_usage)."""
@@ -108,8 +96,9 @@ class BlockPool:
         if not had_key.any():
             return
         evicted = blocks[had_key]
-        self.block_key[evicted] = NO_KEY  # their dictionary entries are stale from now on
-        self._num_cached -= len(evicted)
+        for _ in map(self._cached.__delitem__, keys[had_key].tolist()):  # a C-level loop
+            pass
+        self.block_key[evicted] = NO_KEY
         if self.events.wants(BlocksEvicted):
             self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
 
@@ -147,52 +136,28 @@ class BlockPool:
         if (self.block_key[blocks] != NO_KEY).any():
             raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
                                f"(writing into a registered block needs a copy first)")
-        # The first block to claim a key keeps it, and a key held already is left alone.
-        # `setdefault` does that in one C-level pass where every key is new (it inserts
-        # each and returns the block itself); anything else returns another holder:
-        # one held before this call, one claimed earlier in it, or a stale entry.
+        # The first block to claim a key keeps it: `setdefault` leaves a key that is
+        # held already (here, or earlier in this call) alone and returns its holder, so
+        # a block got its key exactly where it is returned (one C-level pass; no other
+        # key names these blocks, checked above).
         block_list = blocks.tolist()
         holders = list(map(self._cached.setdefault, keys.tolist(), block_list))
         if holders == block_list:  # the usual case: all new and distinct
             fresh, fresh_keys = blocks, keys
         else:
-            fresh, fresh_keys = self._claim(np.asarray(blocks), np.asarray(keys),
-                                            np.array(holders))
+            claimed = np.array(holders) == np.asarray(blocks)
+            fresh, fresh_keys = np.asarray(blocks)[claimed], np.asarray(keys)[claimed]
         if len(fresh):
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
-            self._num_cached += len(fresh)
             if self.events.wants(BlocksCached):
                 self.events.emit(BlocksCached(self.now, self.rank, request_id,
                                               np.array(fresh, dtype=np.int32),
                                               np.array(fresh_keys, dtype=np.int64)))
-        if len(self._cached) > 3 * self._num_cached + SWEEP_SLACK:
-            self._sweep()
-
-    def _claim(self, blocks: np.ndarray, keys: np.ndarray, holders: np.ndarray):
-        """The blocks (and their keys) that claim a key, given each key's entry after
-        the `setdefault` pass: a key whose holder still holds it stays with it; any
-        other key (new, or its entry stale) goes to its first block in this call."""
-        held = self.block_key[holders] == keys  # (this call's blocks hold no key yet)
-        first = np.zeros(len(keys), dtype=bool)
-        first[np.unique(keys, return_index=True)[1]] = True
-        claims = first & ~held
-        fresh, fresh_keys = blocks[claims], keys[claims]
-        self._cached.update(zip(fresh_keys.tolist(), fresh.tolist()))  # over stale entries
-        return fresh, fresh_keys
-
-    def _sweep(self) -> None:
-        """Drop the stale entries: rebuild the dictionary from the blocks holding keys
-        (it then holds the live entries only; the next sweep comes once twice as many
-        stale ones have piled up, so sweeping costs at most half an insertion per
-        evicted block, where deleting at eviction cost a deletion each)."""
-        self._cached = self.cached_map()
 
     def cached_none(self, keys: list) -> bool:
         """Is none of these keys cached?"""
-        if self._cached.keys().isdisjoint(keys):
-            return True
-        return bool((self.cached_blocks(np.array(keys, dtype=np.int64)) < 0).all())
+        return self._cached.keys().isdisjoint(keys)
 
     def written(self, blocks: np.ndarray) -> None:
         """The step computing these blocks has run: their KV exists."""
@@ -200,20 +165,12 @@ class BlockPool:
 
     def cached_block(self, key: int) -> int:
         """The physical block holding `key`, or -1."""
-        block = self._cached.get(key, -1)
-        return block if block >= 0 and self.block_key[block] == key else -1
+        return self._cached.get(key, -1)
 
     def cached_blocks(self, keys: np.ndarray) -> np.ndarray:
         """The physical block holding each key, or -1 (one C-level pass over the keys)."""
-        blocks = np.fromiter(map(self._cached.get, keys.tolist(), repeat(-1)), dtype=np.int32,
-                             count=len(keys))
-        blocks[(blocks >= 0) & (self.block_key[blocks] != keys)] = -1  # stale entries
-        return blocks
-
-    def cached_map(self) -> dict[int, int]:
-        """key -> block of every cached key (for tests and views)."""
-        keyed = np.flatnonzero(self.block_key != NO_KEY)
-        return dict(zip(self.block_key[keyed].tolist(), keyed.tolist()))
+        return np.fromiter(map(self._cached.get, keys.tolist(), repeat(-1)), dtype=np.int32,
+                           count=len(keys))
 
     def unchanged(self, blocks, generations):
         """Elementwise: is block[i] still the one handed out at generations[i]? False
