@@ -156,3 +156,47 @@ def test_eviction_drops_the_key_and_generation_moves():
     b = pool.allocate(1)
     assert b[0] == a[1] and pool.cached_block(8) == -1 and pool.cached_block(7) == a[0]
     assert pool.generation[b[0]] == gen[1] + 1
+
+
+def test_evicted_keys_are_gone_and_come_back_like_the_reference():
+    """Keys from a small range make evicted keys come back, twins in one call, keys
+    held elsewhere and blocks re-keyed after reuse (the hypothesis test above draws
+    fresh keys). Every lookup path must agree with the reference over the whole key
+    range, after every operation."""
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(4, 24))
+        pool, ref = BlockPool(n), NaivePool(n)
+        held: list[list[int]] = []
+        key_range = int(rng.integers(3, 3 * n))
+        for _ in range(150):
+            op = rng.integers(4)
+            if op == 0 and ref.free:
+                size = int(rng.integers(1, len(ref.free) + 1))
+                got = pool.allocate(size).tolist()
+                assert got == ref.allocate(size)
+                held.append(got)
+            elif op == 1 and held:
+                group = held.pop(int(rng.integers(len(held))))
+                pool.free(np.array(group[::-1], dtype=np.int32))
+                ref.release(group[::-1])
+            elif op == 2 and ref.cached:
+                blocks = sorted(set(rng.choice(list(ref.cached.values()),
+                                               int(rng.integers(1, 4))).tolist()))
+                pool.touch(np.array(blocks, dtype=np.int32))
+                ref.touch(blocks)
+                held.append(blocks)
+            elif held:
+                group = [b for b in held[int(rng.integers(len(held)))] if ref.key[b] is None]
+                keys = rng.integers(0, key_range, len(group)).tolist()
+                pool.cache_blocks(np.array(group, dtype=np.int32),
+                                  np.array(keys, dtype=np.int64))
+                ref.cache(group, keys)
+            every = np.arange(key_range, dtype=np.int64)
+            expect = [ref.cached.get(k, -1) for k in range(key_range)]
+            assert pool.cached_blocks(every).tolist() == expect
+            assert [pool.cached_block(k) for k in range(key_range)] == expect
+            assert dict(pool._cached) == ref.cached and pool.num_cached == len(ref.cached)
+            some = rng.integers(0, key_range, 3).tolist()
+            assert pool.cached_none(some) == all(k not in ref.cached for k in some)
+            assert pool.free_order().tolist() == ref.free
