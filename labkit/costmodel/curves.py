@@ -48,7 +48,7 @@ def as_float(x):
     """Numeric shape argument as float64, unchecked: an array as a float64 array, a
     Python number as a numpy float64 scalar (the same IEEE arithmetic as a 0-d array,
     at a tenth of the cost per operation)."""
-    if type(x) is int or type(x) is float:
+    if type(x) is int or type(x) is float or (type(x) is np.ndarray and x.ndim == 0):
         return np.float64(x)
     return np.asarray(x, dtype=np.float64)
 

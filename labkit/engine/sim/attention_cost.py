@@ -187,4 +187,5 @@ def sum_chunks(work: StepWork, seconds) -> np.ndarray:
         seconds = np.broadcast_to(seconds, rank.shape)
     per_row = np.bincount(step * ranks + rank, weights=seconds, minlength=steps * ranks)
     per_row = per_row.reshape(steps, ranks)
-    return per_row if work.chunk_share == 1.0 else per_row / work.chunk_share
+    share = work.chunk_share  # (a number, or per rank for pipeline micro-batches)
+    return per_row if isinstance(share, float) and share == 1.0 else per_row / share

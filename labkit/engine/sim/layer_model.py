@@ -137,7 +137,7 @@ class LayerStepModel:
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
-        counts = self._counts(work)
+        counts = self._counts(work, lockstep)
         fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
         padded, extra = fixed.padded, fixed.extra
         stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded,
@@ -169,15 +169,23 @@ class LayerStepModel:
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
                           temporary_kv_bytes=self._temporary_kv(work))
 
-    def _counts(self, work: StepWork) -> _Counts:
+    def _counts(self, work: StepWork, lockstep: bool) -> _Counts:
         """The token counts of the step, which is all the memoised pieces read: for a
         run whose steps all see the same counts, one (1, ranks) row of them, so the
         pieces are computed (and remembered) for one step and the sums they enter
-        broadcast them to the run's k steps (`memo.one_row`). Without the memo, the
+        broadcast them to the run's k steps (`memo.one_row`). One rank's row is five
+        numbers: the pieces then run on numpy scalars, whose arithmetic is the same
+        IEEE arithmetic at a tenth of the cost of 1x1 arrays (lockstep ranks and
+        pipeline stages sum over the rank axis: they keep it). Without the memo, the
         whole arrays (`labkit bench sim` compares the two)."""
         counts = (work.prefill_tokens, work.decode_tokens, work.num_prefill_reqs,
                   work.num_decode_reqs, work.idle)
-        return _Counts(*(counts if self.memo is no_memo else one_row(counts)))
+        if self.memo is no_memo:
+            return _Counts(*counts)
+        counts = one_row(counts)
+        if counts[0].shape == (1, 1) and not lockstep and self.layout.pp == 1:
+            return _Counts(*(c[0, 0] for c in counts))
+        return _Counts(*counts)
 
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
         """The pieces of a step that its counts alone decide: graph dispatch, the
@@ -209,16 +217,12 @@ class LayerStepModel:
                             self._count_terms(*mlp, linear), attn_comm,
                             self.attention.decoders(counts.num_decode_reqs), extra, cpu, launch)
 
-    def _graphs(self, counts, lockstep: bool):
-        """(graph mode, padded tokens) of the step (`counts`: a _Counts or StepWork)."""
+    def _graphs(self, counts: _Counts, lockstep: bool):
+        """(graph mode, padded tokens) of the step (no memo of its own: it reads all
+        the counts, as `_count_pieces` does)."""
         if self.overheads is None:
             return None, None
-        return self._piece("graphs", self._graphs_of, lockstep, counts.prefill_tokens,
-                           counts.decode_tokens, counts.num_prefill_reqs,
-                           counts.num_decode_reqs, counts.idle)
-
-    def _graphs_of(self, lockstep: bool, *counts):
-        return self.overheads.graphs(_Counts(*counts), lockstep, self.layout.pcp, self.width)
+        return self.overheads.graphs(counts, lockstep, self.layout.pcp, self.width)
 
     def _piece(self, name: str, fn, *args):
         """fn(*args), a pure piece of the step (a function of its counts), through the
@@ -304,9 +308,11 @@ class LayerStepModel:
         """(dense layer, MoE layer) compute, and (dense, MoE) communication."""
         m, lay, ops, w = self.model, self.layout, self.ops, self.wdtype
         h, tp = m.hidden_size, lay.tp
-        dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
-        dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
-        dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
+        dense = dense_comm = 0.0  # (a model of MoE layers only sums no dense ones)
+        if self.dense_layers:
+            dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
+            dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
+            dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
         if not m.is_moe:
             return (dense, 0.0), (dense_comm, 0.0)
         # the kernel sees every token the expert group routes (num_tokens across EP);

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+_NUMPY = (np.ndarray, np.generic)  # arrays and numpy scalars: keyed with their dtype
 MAX_ENTRIES = 1 << 16  # a few MB; a replay's distinct batch shapes number in the hundreds
 
 
@@ -40,7 +41,7 @@ class ExactMemo:
         """fn(*args), a pure function of `args`, evaluated once per distinct exact value
         of them (`name` tells the pieces apart)."""
         # the key inline (a step asks some ten pieces: a helper call per argument shows)
-        key = (name, *[(x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else x
+        key = (name, *[(x.dtype, x.shape, x.tobytes()) if isinstance(x, _NUMPY) else x
                        for x in args])  # (dtypes compare and hash by value)
         found = self._store.get(key)
         if found is not None:
