@@ -89,7 +89,10 @@ class AttentionCost:
         safe_b, busy = decoders
         if safe_b is None:  # a prefill-only step (what np.where below would give)
             return np.zeros(work.num_decode_reqs.shape)
-        ctx = work.decode_context / safe_b
+        context = work.decode_context
+        if context.shape == (1, 1):  # one step of one rank: a number (see `_counts`)
+            context = context[0, 0]
+        ctx = context / safe_b
         if lay.dcp > 1:  # each GPU reads its shard
             ctx = ctx / lay.dcp
         if window:  # the mean context, capped (exact when all are past the window)

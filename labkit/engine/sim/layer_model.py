@@ -45,7 +45,7 @@ import numpy as np
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
-from labkit.engine.sim.memo import ExactMemo, no_memo, one_row
+from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
@@ -165,7 +165,7 @@ class LayerStepModel:
         busy = compute + comm
         if self.overheads is not None:
             busy = self.overheads.step_s(busy, fixed.cpu, fixed.launch)
-        duration = busy.max(axis=1)
+        duration = busy[:, 0].copy() if shape[1] == 1 else busy.max(axis=1)  # (one rank)
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
                           temporary_kv_bytes=self._temporary_kv(work))
 
@@ -173,19 +173,18 @@ class LayerStepModel:
         """The token counts of the step, which is all the memoised pieces read: for a
         run whose steps all see the same counts, one (1, ranks) row of them, so the
         pieces are computed (and remembered) for one step and the sums they enter
-        broadcast them to the run's k steps (`memo.one_row`). One rank's row is five
+        broadcast them to the run's k steps (`memo.same_rows`). One rank's row is five
         numbers: the pieces then run on numpy scalars, whose arithmetic is the same
         IEEE arithmetic at a tenth of the cost of 1x1 arrays (lockstep ranks and
         pipeline stages sum over the rank axis: they keep it). Without the memo, the
         whole arrays (`labkit bench sim` compares the two)."""
         counts = (work.prefill_tokens, work.decode_tokens, work.num_prefill_reqs,
                   work.num_decode_reqs, work.idle)
-        if self.memo is no_memo:
+        if self.memo is no_memo or not same_rows(counts):
             return _Counts(*counts)
-        counts = one_row(counts)
-        if counts[0].shape == (1, 1) and not lockstep and self.layout.pp == 1:
+        if counts[0].shape[1] == 1 and not lockstep and self.layout.pp == 1:
             return _Counts(*(c[0, 0] for c in counts))
-        return _Counts(*counts)
+        return _Counts(*(c[:1] for c in counts))
 
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
         """The pieces of a step that its counts alone decide: graph dispatch, the
@@ -406,7 +405,7 @@ def _full(x, shape) -> np.ndarray:
     are new arrays, never the memo's)."""
     if type(x) is np.ndarray and x.shape == shape and x.dtype == np.float64:
         return x
-    if type(x) is float:  # no collectives: 0.0
+    if type(x) is float or type(x) is np.float64:  # no collectives (0.0), or one number
         return np.full(shape, x)
     return np.broadcast_to(x, shape).astype(float)
 
