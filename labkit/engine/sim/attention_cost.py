@@ -119,6 +119,8 @@ class AttentionCost:
         _, new, ctx, _ = work.prefill_chunks
         if window:
             return self._window_prefill_core(work, window)
+        if len(new) == 1:  # one chunk: priced as numbers (numpy scalars), as one step's
+            new, ctx = new[0], ctx[0]  # decode core is
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
         # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
         # for their queries; otherwise DCP ranks attend over their own shards
