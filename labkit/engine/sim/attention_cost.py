@@ -72,14 +72,29 @@ class AttentionCost:
             proj = proj + ops.gemm(tokens, h, heads * m.head_dim, w)
         return proj
 
-    def decode_core(self, work: StepWork, window: int = 0):
+    @staticmethod
+    def decoders(num_decode_reqs) -> tuple:
+        """What the decode core needs of a step's counts (`decode_core`): the decoding
+        requests of each rank, at least 1 (None when no rank decodes), and which ranks
+        decode (None when all do)."""
+        busy = num_decode_reqs > 0
+        if not busy.any():
+            return None, None
+        return np.maximum(num_decode_reqs, 1.0), None if busy.all() else busy
+
+    def decode_core(self, work: StepWork, decoders: tuple, window: int = 0):
+        """Every decoding request reading its context; `decoders`: `decoders(...)` of
+        the step's counts."""
         m, lay, ops = self.model, self.layout, self.ops
-        b = work.num_decode_reqs
-        busy = b > 0
-        if not busy.any():  # a prefill-only step (what np.where below would give)
-            return np.zeros(b.shape)
-        safe_b = np.maximum(b, 1)
-        ctx = work.decode_context / safe_b / lay.dcp  # each GPU reads its shard
+        safe_b, busy = decoders
+        if safe_b is None:  # a prefill-only step (what np.where below would give)
+            return np.zeros(work.num_decode_reqs.shape)
+        context = work.decode_context
+        if context.shape == (1, 1):  # one step of one rank: a number (see `_counts`)
+            context = context[0, 0]
+        ctx = context / safe_b
+        if lay.dcp > 1:  # each GPU reads its shard
+            ctx = ctx / lay.dcp
         if window:  # the mean context, capped (exact when all are past the window)
             ctx = np.minimum(ctx, window)
         heads = self.dcp_heads  # ...for every head sharing the shard
@@ -95,7 +110,7 @@ class AttentionCost:
         else:
             t = ops.attention_decode(safe_b, np.maximum(ctx, 1), heads,
                                      self.kv_heads, m.head_dim, self.kv_dtype)
-        return np.where(busy, t, 0.0)
+        return t if busy is None else np.where(busy, t, 0.0)
 
     def prefill_core(self, work: StepWork, window: int = 0):
         if work.prefill_chunks is None or len(work.prefill_chunks[0]) == 0:
@@ -104,6 +119,8 @@ class AttentionCost:
         _, new, ctx, _ = work.prefill_chunks
         if window:
             return self._window_prefill_core(work, window)
+        if len(new) == 1:  # one chunk: priced as numbers (numpy scalars), as one step's
+            new, ctx = new[0], ctx[0]  # decode core is
         queries = new / lay.pcp  # PCP: balanced chunk pairs per rank
         # PCP ranks, and DCP ranks of an MLA model (see Placement), gather the whole KV
         # for their queries; otherwise DCP ranks attend over their own shards
@@ -171,6 +188,9 @@ def sum_chunks(work: StepWork, seconds) -> np.ndarray:
     rank, step = work.prefill_chunks[0], work.prefill_chunks[3]
     steps, ranks = work.prefill_tokens.shape
     # bincount adds the chunks in order into zeros, as np.add.at would, in one C loop
-    per_row = np.bincount(step * ranks + rank, weights=np.broadcast_to(seconds, rank.shape),
-                          minlength=steps * ranks)
-    return per_row.reshape(steps, ranks) / work.chunk_share
+    if np.shape(seconds) != rank.shape:
+        seconds = np.broadcast_to(seconds, rank.shape)
+    per_row = np.bincount(step * ranks + rank, weights=seconds, minlength=steps * ranks)
+    per_row = per_row.reshape(steps, ranks)
+    share = work.chunk_share  # (a number, or per rank for pipeline micro-batches)
+    return per_row if isinstance(share, float) and share == 1.0 else per_row / share

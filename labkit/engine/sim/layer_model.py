@@ -45,7 +45,7 @@ import numpy as np
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
-from labkit.engine.sim.memo import ExactMemo, no_memo, one_row
+from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
@@ -55,8 +55,13 @@ STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and 
 # the counts of a StepWork that graph dispatch reads
 _Counts = namedtuple("_Counts", "prefill_tokens decode_tokens num_prefill_reqs "
                                 "num_decode_reqs idle")
-# what a step's counts alone decide (one memo entry per step, `_count_pieces`)
-_CountPieces = namedtuple("_CountPieces", "mode padded t_dec tokens proj mlp extra")
+# what a step's counts alone decide (one memo entry per step, `_count_pieces`):
+# `terms` the stage's count-only compute and comm terms (`_count_terms`), `attn_comm`
+# an attention layer's collectives (None when they read the contexts), `decoders`
+# what the decode core needs (`AttentionCost.decoders`), `cpu` and
+# `launch` the step's CPU time and graph launches (`overheads.py`)
+_CountPieces = namedtuple("_CountPieces", "mode padded t_dec tokens proj terms attn_comm "
+                                          "decoders extra cpu launch")
 
 
 class LayerStepModel:
@@ -66,7 +71,7 @@ class LayerStepModel:
         """`overheads` None: kernels only (a bare forward pass). `memoize`: remember the
         pieces that depend only on token counts (`memo.py`; exact, same results)."""
         self.placement = placement
-        self.ops = ops
+        self.ops = ops = ops.trusted()  # the sizes below are built here: no checks
         self.model = m = placement.model
         self.layout = lay = placement.layout
         self.drafts = num_speculative_tokens
@@ -88,6 +93,15 @@ class LayerStepModel:
                                       placement.redundant_experts, max(m.num_moe_layers, 1),
                                       seed, sampled=True) if m.is_moe else None
         self.memo = ExactMemo() if memoize else no_memo
+        # the layer kinds a stage sums besides full attention (a kind the model lacks
+        # would add exact zeros: it is left out)
+        self.kinds = tuple(k for k in ("moe", "dense", "linear")
+                           if getattr(self, f"{k}_layers"))
+        # an attention layer's collectives read the contexts only to broadcast them
+        # (KVPP) or gather a prefill's cached prefix; otherwise its counts decide them
+        p = placement
+        self.comm_reads_context = lay.kvpp > 1 or p.gathers_prefix_for_prefill() \
+            or p.gathers_shards_for_prefill()
 
     @classmethod
     def from_config(cls, placement: Placement, ops, config: EngineConfig,
@@ -123,9 +137,9 @@ class LayerStepModel:
     # ------------------------------------------------------------------ step
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
-        counts = self._counts(work)
+        counts = self._counts(work, lockstep)
         fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
-        mode, padded, extra = fixed.mode, fixed.padded, fixed.extra
+        padded, extra = fixed.padded, fixed.extra
         stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded,
                                                         fixed)
         if pp == 1:
@@ -150,23 +164,27 @@ class LayerStepModel:
         compute, comm = _full(compute, shape), _full(comm, shape)
         busy = compute + comm
         if self.overheads is not None:
-            o = self.overheads
-            dp = work.prefill_tokens.shape[1] if lockstep else 1
-            cpu = o.cpu_s(work.num_reqs, work.tokens, dp)
-            busy = o.step_s(busy, cpu, o.launch_s(mode))
-        duration = busy.max(axis=1)
+            busy = self.overheads.step_s(busy, fixed.cpu, fixed.launch)
+        duration = busy[:, 0].copy() if shape[1] == 1 else busy.max(axis=1)  # (one rank)
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=duration,
                           temporary_kv_bytes=self._temporary_kv(work))
 
-    def _counts(self, work: StepWork) -> _Counts:
+    def _counts(self, work: StepWork, lockstep: bool) -> _Counts:
         """The token counts of the step, which is all the memoised pieces read: for a
         run whose steps all see the same counts, one (1, ranks) row of them, so the
         pieces are computed (and remembered) for one step and the sums they enter
-        broadcast them to the run's k steps (`memo.one_row`). Without the memo, the
+        broadcast them to the run's k steps (`memo.same_rows`). One rank's row is five
+        numbers: the pieces then run on numpy scalars, whose arithmetic is the same
+        IEEE arithmetic at a tenth of the cost of 1x1 arrays (lockstep ranks and
+        pipeline stages sum over the rank axis: they keep it). Without the memo, the
         whole arrays (`labkit bench sim` compares the two)."""
         counts = (work.prefill_tokens, work.decode_tokens, work.num_prefill_reqs,
                   work.num_decode_reqs, work.idle)
-        return _Counts(*(counts if self.memo is no_memo else one_row(counts)))
+        if self.memo is no_memo or not same_rows(counts):
+            return _Counts(*counts)
+        if counts[0].shape[1] == 1 and not lockstep and self.layout.pp == 1:
+            return _Counts(*(c[0, 0] for c in counts))
+        return _Counts(*(c[:1] for c in counts))
 
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
         """The pieces of a step that its counts alone decide: graph dispatch, the
@@ -179,23 +197,31 @@ class LayerStepModel:
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
         proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
         mlp = self._piece("mlp", self._mlp_layer, tokens, group)
+        linear = self._linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
+        attn_comm = None if self.comm_reads_context else \
+            self._attention_comm(tokens, t_dec, counts.prefill_tokens)
         rows = counts.num_prefill_reqs + np.where(counts.idle & lockstep, 1,
                                                    counts.decode_tokens)
         drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
             if self.has_drafts else 0.0
         extra = self._piece("lm_head", self._lm_head, rows) + drafts
-        return _CountPieces(mode, padded, t_dec, tokens, proj, mlp, extra)
+        cpu = launch = None
+        if self.overheads is not None:
+            o = self.overheads
+            dp = counts.prefill_tokens.shape[1] if lockstep else 1
+            cpu = o.cpu_s(counts.num_prefill_reqs + counts.num_decode_reqs,
+                          counts.prefill_tokens + counts.decode_tokens, dp)
+            launch = o.launch_s(mode)
+        return _CountPieces(mode, padded, t_dec, tokens, proj,
+                            self._count_terms(*mlp, linear), attn_comm,
+                            self.attention.decoders(counts.num_decode_reqs), extra, cpu, launch)
 
-    def _graphs(self, counts, lockstep: bool):
-        """(graph mode, padded tokens) of the step (`counts`: a _Counts or StepWork)."""
+    def _graphs(self, counts: _Counts, lockstep: bool):
+        """(graph mode, padded tokens) of the step (no memo of its own: it reads all
+        the counts, as `_count_pieces` does)."""
         if self.overheads is None:
             return None, None
-        return self._piece("graphs", self._graphs_of, lockstep, counts.prefill_tokens,
-                           counts.decode_tokens, counts.num_prefill_reqs,
-                           counts.num_decode_reqs, counts.idle)
-
-    def _graphs_of(self, lockstep: bool, *counts):
-        return self.overheads.graphs(_Counts(*counts), lockstep, self.layout.pcp, self.width)
+        return self.overheads.graphs(counts, lockstep, self.layout.pcp, self.width)
 
     def _piece(self, name: str, fn, *args):
         """fn(*args), a pure piece of the step (a function of its counts), through the
@@ -210,25 +236,32 @@ class LayerStepModel:
         whole step's count pieces, already priced (`_count_pieces`)."""
         if fixed is not None:
             t_dec, tokens, proj = fixed.t_dec, fixed.tokens, fixed.proj
-            mlp, mlp_comm = fixed.mlp
+            (compute_terms, comm_terms), attn_comm = fixed.terms, fixed.attn_comm
+            decoders = fixed.decoders
         else:
             if not np.all(np.asarray(split) == 1):
                 work = _share(work, split)
                 counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
             t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
             proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
-            mlp, mlp_comm = self._piece("mlp", self._mlp_layer, tokens, group)
-        attn, attn_comm = self._attention_layer(work, tokens, t_dec, proj)
-        linear = self._linear_layer(work, tokens)
-        compute = (self.full_layers * attn + self.moe_layers * mlp[1]
-                   + self.dense_layers * mlp[0] + self.linear_layers * linear)
-        comm = (self.full_layers * attn_comm + self.moe_layers * mlp_comm[1]
-                + self.dense_layers * mlp_comm[0])
-        if self.window_layers:
-            swa, swa_comm = self._attention_layer(work, tokens, t_dec, proj,
-                                                  self.model.sliding_window)
+            mlp = self._piece("mlp", self._mlp_layer, tokens, group)
+            linear = self._linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
+            compute_terms, comm_terms = self._count_terms(*mlp, linear)
+            attn_comm, decoders = None, self.attention.decoders(counts.num_decode_reqs)
+        if attn_comm is None:
+            attn_comm = self._attention_comm(tokens, t_dec, work.prefill_tokens,
+                                             work.kv_read_tokens, _prefill_prefix(work))
+        attn = proj + self._attention_core(work, decoders)
+        # the stage's sum, layer kinds in a fixed order (the same rounding every time)
+        compute, comm = self.full_layers * attn, self.full_layers * attn_comm
+        for term in compute_terms:
+            compute = compute + term
+        for term in comm_terms:
+            comm = comm + term
+        if self.window_layers:  # (the same collectives as a full-attention layer)
+            swa = proj + self._attention_core(work, decoders, self.model.sliding_window)
             compute = compute + self.window_layers * swa
-            comm = comm + self.window_layers * swa_comm
+            comm = comm + self.window_layers * attn_comm
         return compute, comm, tokens
 
     def _stage_tokens(self, counts: _Counts, lockstep: bool, padded):
@@ -251,30 +284,34 @@ class LayerStepModel:
         return t_dec, tokens, group
 
     # ------------------------------------------------------------- attention
-    def _attention_layer(self, work: StepWork, tokens, t_dec, proj, window: int = 0):
-        """One attention layer (`proj`: its projections, priced); `window` > 0: a
+    def _attention_core(self, work: StepWork, decoders: tuple, window: int = 0):
+        """One attention layer's core over the step's contexts; `window` > 0: a
         sliding-window layer, whose queries read at most `window` positions each."""
-        attention = self.attention
-        core = attention.decode_core(work, window) + attention.prefill_core(work, window)
-        comm = 0.0
-        # DCP runs attention over token shards (gather queries, merge partial outputs)
-        # for decode, and for prefill unless the chunk gathers the KV instead
-        p, ops = self.placement, self.ops
-        sharded = t_dec if attention.gathered else tokens
-        collectives = p.comm_per_layer(tokens, work.prefill_tokens, work.kv_read_tokens,
-                                       _prefill_prefix(work), sharded)
-        for op, nbytes, n in collectives.values():
-            comm = comm + ops.collective(op, nbytes, n)
-        return proj + core, comm
+        core = self.attention.decode_core(work, decoders, window)
+        if work.prefill_chunks is not None and len(work.prefill_chunks[0]):
+            core = core + self.attention.prefill_core(work, window)
+        return core  # (without chunks, adding prefill's zeros would change no bit)
+
+    def _attention_comm(self, tokens, t_dec, prefill_tokens, kv_read_tokens=0,
+                        prefill_prefix=0):
+        """One attention layer's collectives. DCP runs attention over token shards
+        (gather queries, merge partial outputs) for decode, and for prefill unless the
+        chunk gathers the KV instead."""
+        sharded = t_dec if self.attention.gathered else tokens
+        collectives = self.placement.comm_per_layer(tokens, prefill_tokens, kv_read_tokens,
+                                                    prefill_prefix, sharded)
+        return self._collectives(collectives)
 
     # -------------------------------------------------------------------- mlp
     def _mlp_layer(self, tokens, group):
         """(dense layer, MoE layer) compute, and (dense, MoE) communication."""
         m, lay, ops, w = self.model, self.layout, self.ops, self.wdtype
         h, tp = m.hidden_size, lay.tp
-        dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
-        dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
-        dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
+        dense = dense_comm = 0.0  # (a model of MoE layers only sums no dense ones)
+        if self.dense_layers:
+            dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
+            dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
+            dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
         if not m.is_moe:
             return (dense, 0.0), (dense_comm, 0.0)
         # the kernel sees every token the expert group routes (num_tokens across EP);
@@ -298,7 +335,17 @@ class LayerStepModel:
         return total
 
     # ------------------------------------------------------------ the rest
-    def _linear_layer(self, work: StepWork, tokens):
+    def _count_terms(self, mlp, mlp_comm, linear):
+        """The stage's compute and comm terms its counts decide, each kind's layer count
+        times its layer, in the order the stage adds them after full attention."""
+        layers = {"moe": (self.moe_layers, mlp[1], mlp_comm[1]),
+                  "dense": (self.dense_layers, mlp[0], mlp_comm[0]),
+                  "linear": (self.linear_layers, linear, 0.0)}
+        compute = tuple(layers[k][0] * layers[k][1] for k in self.kinds)
+        comm = tuple(layers[k][0] * layers[k][2] for k in self.kinds if k != "linear")
+        return compute, comm
+
+    def _linear_layer(self, tokens, prefill_tokens, num_decode_reqs):
         m = self.model
         if not m.linear_layers:
             return 0.0
@@ -306,10 +353,10 @@ class LayerStepModel:
         heads, dim = m.linear_num_heads / lay.tp, m.linear_head_dim
         proj = ops.gemm(tokens, 4 * heads * dim, m.hidden_size, w)
         # prefill: chunked delta rule, ~ two (dim x dim) products per token per head
-        chunk = ops.gemm(work.prefill_tokens / lay.pcp * heads, dim, dim, "bf16") * 2
+        chunk = ops.gemm(prefill_tokens / lay.pcp * heads, dim, dim, "bf16") * 2
         state = heads * dim * dim * 4  # fp32 state per sequence per layer
         hbm = self.ops.hardware.hbm_bandwidth * STATE_HBM_EFFICIENCY
-        decode = work.num_decode_reqs * 2 * state / hbm
+        decode = num_decode_reqs * 2 * state / hbm
         return proj + chunk + decode
 
     def _lm_head(self, rows):
@@ -358,7 +405,7 @@ def _full(x, shape) -> np.ndarray:
     are new arrays, never the memo's)."""
     if type(x) is np.ndarray and x.shape == shape and x.dtype == np.float64:
         return x
-    if type(x) is float:  # no collectives: 0.0
+    if type(x) is float or type(x) is np.float64:  # no collectives (0.0), or one number
         return np.full(shape, x)
     return np.broadcast_to(x, shape).astype(float)
 

@@ -16,7 +16,7 @@ write into them (the step model only builds new arrays from them).
 
 A fast-forwarded run asks for k steps at once, (k, ranks) arrays whose rows differ
 only in the contexts; the token counts the pieces see are the same in every row. Keyed
-on the whole arrays, every run length would be a new entry; `one_row` spots such
+on the whole arrays, every run length would be a new entry; `same_rows` spots such
 inputs, so the piece is computed (and remembered) for one row, and the caller lets
 numpy broadcast that row against the run's other (k, ranks) arrays — the same values,
 as every piece treats steps independently.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+_NUMPY = (np.ndarray, np.generic)  # arrays and numpy scalars: keyed with their dtype
 MAX_ENTRIES = 1 << 16  # a few MB; a replay's distinct batch shapes number in the hundreds
 
 
@@ -40,7 +41,7 @@ class ExactMemo:
         """fn(*args), a pure function of `args`, evaluated once per distinct exact value
         of them (`name` tells the pieces apart)."""
         # the key inline (a step asks some ten pieces: a helper call per argument shows)
-        key = (name, *[(x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else x
+        key = (name, *[(x.dtype, x.shape, x.tobytes()) if isinstance(x, _NUMPY) else x
                        for x in args])  # (dtypes compare and hash by value)
         found = self._store.get(key)
         if found is not None:
@@ -58,18 +59,12 @@ def no_memo(name: str, fn, args: tuple):
     return fn(*args)
 
 
-def one_row(args: tuple) -> tuple:
-    """args with every array cut to its first row, if each is (k, n) with all k rows
-    equal (one row counts too: it broadcasts as it stands); else args unchanged."""
-    cut = False
-    for a in args:
-        if isinstance(a, np.ndarray):
-            if a.ndim != 2:
-                return args
-            if a.shape[0] > 1:
-                if not (a == a[0]).all():
-                    return args
-                cut = True
-    if not cut:
-        return args
-    return tuple(a[:1] if isinstance(a, np.ndarray) else a for a in args)
+def same_rows(arrays) -> bool:
+    """Are all rows of each (k, n) array the same, byte for byte? (One memcmp each,
+    where an elementwise == and its reduction would be two numpy calls; -0.0 and 0.0
+    count as different, which only means a piece is priced on the whole array.)"""
+    for a in arrays:
+        k = a.shape[0]
+        if k > 1 and a.tobytes() != a[:1].tobytes() * k:
+            return False
+    return True
