@@ -1,6 +1,6 @@
 """How the tables are built, checked against plain references: StepRecorder's steps
-table (built from the StepsCompleted chunks at the end) against one written row by row
-from the events; request rows' ITL percentiles (two in one numpy call) against one call
+table (StepsCompleted chunks joined into blocks as they come, the blocks joined and
+sorted at the end) against one written row by row from the events; request rows' ITL percentiles (two in one numpy call) against one call
 each."""
 
 import numpy as np
@@ -56,33 +56,43 @@ def _naive(events) -> pd.DataFrame:
 def test_steps_table_equals_a_row_by_row_one():
     # instances of 1 to 4 ranks (numbered across the deployment); every instance as
     # wide (one rank: DP; several: lockstep DEP) or widths mixed (the table's three ways)
+    # chunks joined into blocks of 1, 2, 7 or 512 (none joined before the end)
     for seed, widths in [(s, w) for s in range(20) for w in ("mixed", 1, 3)]:
         rng = np.random.default_rng(seed)
+        block = int(rng.choice([1, 2, 7, 512]))
         layout, rank = [], 0
         for _ in range(int(rng.integers(1, 5))):
             width = int(rng.integers(1, 5)) if widths == "mixed" else widths
             layout.append(list(range(rank, rank + width)))
             rank += width
         bus = EventBus()
-        recorder = StepRecorder(bus)
+        recorder = StepRecorder(bus, block_events=block)
         events, next_step = [], [0] * len(layout)
-        for n in range(int(rng.integers(1, 30))):
+        n_events = int(rng.integers(1, 30))
+        for n in range(n_events):
+            if n == n_events // 2 and events:  # a table asked for part way: also right,
+                _check(recorder.frame(), events, (seed, widths))  # and changes nothing
             i = int(rng.integers(0, len(layout)))
             ev = _event(rng, i, layout[i], next_step[i], float(n))
             next_step[i] += len(ev.step_index)
             bus.emit(ev)
             events.append(ev)
-        got, want = recorder.frame(), _naive(events)
-        assert list(got.columns) == STEP_COLUMNS
-        assert isinstance(got.index, pd.RangeIndex) and got.index.equals(want.index)
-        for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
-            assert got[c].to_numpy().tobytes() == \
-                want[c].to_numpy(dtype=got[c].dtype).tobytes(), (seed, widths, c)
-        ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
-                "prefill_tokens", "decode_tokens", "kv_used_blocks"}
-        assert all(got[c].dtype == (np.int64 if c in ints else np.float64)
-                   for c in STEP_COLUMNS)
-        assert len(got) == len(want) == sum(ev.busy.size for ev in events)
+        got = recorder.frame()
+        _check(got, events, (seed, widths))
+        assert recorder.frame().equals(got)  # asked again: the same table
+
+
+def _check(got: pd.DataFrame, events: list, case) -> None:
+    want = _naive(events)
+    assert list(got.columns) == STEP_COLUMNS
+    assert isinstance(got.index, pd.RangeIndex) and got.index.equals(want.index)
+    for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
+        assert got[c].to_numpy().tobytes() == \
+            want[c].to_numpy(dtype=got[c].dtype).tobytes(), (case, c)
+    ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
+            "prefill_tokens", "decode_tokens", "kv_used_blocks"}
+    assert all(got[c].dtype == (np.int64 if c in ints else np.float64) for c in STEP_COLUMNS)
+    assert len(got) == len(want) == sum(ev.busy.size for ev in events)
 
 
 def test_no_steps_gives_the_empty_table():
