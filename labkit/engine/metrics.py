@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from labkit.engine.events import StepsCompleted
+from labkit.engine.itl_stats import ITLSamples
 from labkit.engine.request import Status
 from labkit.engine.run_health import run_health
 
@@ -141,13 +142,14 @@ def _rows(chunks: list[tuple]) -> dict:
     return cols
 
 
-def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
-    """One row per request; `with_tokens` (compute plane) adds `output_token_ids`."""
+def request_rows(requests: list, with_tokens: bool = False,
+                 itl: ITLSamples | None = None) -> pd.DataFrame:
+    """One row per request; `with_tokens` (compute plane) adds `output_token_ids`.
+    `itl`: the requests' ITLs, if already read."""
+    itl = itl if itl is not None else ITLSamples(requests)
     rows = []
-    for r in requests:
-        itl = np.asarray(r.itl, dtype=float)
-        # (one call for both: the same interpolation, element by element)
-        p50, p90 = np.percentile(itl, (50, 90)) if len(itl) else (np.nan, np.nan)
+    for i, r in enumerate(requests):
+        itl_mean, p50, p90, itl_max = itl.stats(i)
         done = r.finish_s is not None
         ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
         e2el = r.finish_s - r.arrival_s if done else np.nan
@@ -165,9 +167,8 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
             "computed_prefill_tokens": r.num_computed_prefill_tokens,
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
-            "itl_mean_s": itl.mean() if len(itl) else np.nan,
-            "itl_p50_s": p50, "itl_p90_s": p90,
-            "itl_max_s": itl.max() if len(itl) else np.nan,
+            "itl_mean_s": itl_mean, "itl_p50_s": p50, "itl_p90_s": p90,
+            "itl_max_s": itl_max,
             "preemptions": r.num_preemptions, "completed": done,
         })
         if with_tokens:
@@ -291,10 +292,10 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
 
     # Requests scheduled to arrive after the run ended never existed for it.
     requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
-    table = request_rows(requests, with_tokens=engine.computes)
+    samples = ITLSamples(requests)
+    table = request_rows(requests, with_tokens=engine.computes, itl=samples)
     steps = engine.step_recorder.frame()
-    in_window = [r for r in requests if r.arrival_s >= warmup_s]
-    itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)
+    itl = samples.where([r.arrival_s >= warmup_s for r in requests])
     summary = summarize(table, steps, itl, gpus=engine.gpus, warmup_s=warmup_s, end_s=end_s,
                         wall_s=wall_s)
     summary["requests_skipped"] = len(skipped or [])
