@@ -65,12 +65,14 @@ class StepRecorder:
         self.block_events = block_events
         self._chunks: list[tuple] = []  # chunks not yet in a block: (event, ranks)
         self._blocks: list[dict] = []  # row columns (and kv_total_blocks) of each block
+        self.num_events = 0  # StepsCompleted events recorded
         self.subscription = events.subscribe(self._on_steps, StepsCompleted)
 
     def _on_steps(self, ev: StepsCompleted) -> None:
         # the event's arrays are never written after it is emitted; the ranks are
         # copied, as they are the instance's own list
         self._chunks.append((ev, tuple(ev.ranks)))
+        self.num_events += 1
         if len(self._chunks) >= self.block_events:
             self._join_chunks()
 

@@ -84,6 +84,7 @@ def test_steps_table_equals_a_row_by_row_one():
         got = recorder.frame()
         _check(got, events, (seed, widths))
         assert recorder.frame().equals(got)  # asked again: the same table
+        assert recorder.num_events == len(events)
 
 
 def _check(got: pd.DataFrame, events: list, case) -> None:
