@@ -47,11 +47,11 @@ class StepRecorder:
 
     A replay emits thousands of small chunks (a single step is one row per rank). Each
     chunk is kept as it comes; every `block_events` chunks they are joined into one
-    block of row columns, step by step and rank by rank, in the order they came — while
-    those arrays are fresh in memory: joined at the end, a column gathers thousands of
-    pieces scattered over the heap, and a cache miss each costs more than the copy. The
-    table, asked for at the end, joins the few blocks and sorts their rows by start,
-    then rank."""
+    block of row columns, step by step and rank by rank, in the order they came, and the
+    events are let go: kept to the end, a 600 s replay's 13.5K events hold about 100 MB
+    of small arrays, which the collector walks and the table gathers piece by piece at
+    the end. The table, when asked for, joins the few blocks and sorts their rows by
+    start, then rank."""
 
     # per-rank columns of the event, (steps, ranks) arrays, as the table names them
     _PER_RANK = {"busy_s": "busy", "compute_s": "compute", "comm_s": "comm",
