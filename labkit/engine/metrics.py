@@ -25,7 +25,6 @@ read off the engine's requests when the result is collected.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from labkit.engine.events import StepsCompleted
+from labkit.engine.itl_stats import ITLSamples
 from labkit.engine.request import Status
 from labkit.engine.run_health import run_health
 
@@ -43,9 +43,15 @@ STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "
 
 
 class StepRecorder:
-    """Subscribes to StepsCompleted and keeps the events; the table is built once,
-    when asked for (a replay emits thousands of small chunks: one numpy call per
-    column then, not per chunk and column)."""
+    """Subscribes to StepsCompleted and builds the steps table.
+
+    A replay emits thousands of small chunks (a single step is one row per rank). Each
+    chunk is kept as it comes; every `block_events` chunks they are joined into one
+    block of row columns, step by step and rank by rank, in the order they came, and the
+    events are let go: kept to the end, a 600 s replay's 13.5K events hold about 100 MB
+    of small arrays, which the collector walks and the table gathers piece by piece at
+    the end. The table, when asked for, joins the few blocks and sorts their rows by
+    start, then rank."""
 
     # per-rank columns of the event, (steps, ranks) arrays, as the table names them
     _PER_RANK = {"busy_s": "busy", "compute_s": "compute", "comm_s": "comm",
@@ -55,92 +61,97 @@ class StepRecorder:
                  "persistent_kv_bytes": "persistent_kv_bytes",
                  "temporary_kv_bytes": "temporary_kv_bytes"}
 
-    def __init__(self, events) -> None:
-        self._chunks: list[tuple] = []
+    def __init__(self, events, block_events: int = 512) -> None:
+        self.block_events = block_events
+        self._chunks: list[tuple] = []  # chunks not yet in a block: (event, ranks)
+        self._blocks: list[dict] = []  # row columns (and kv_total_blocks) of each block
+        self.num_events = 0  # StepsCompleted events recorded
         self.subscription = events.subscribe(self._on_steps, StepsCompleted)
 
     def _on_steps(self, ev: StepsCompleted) -> None:
         # the event's arrays are never written after it is emitted; the ranks are
         # copied, as they are the instance's own list
-        self._chunks.append((ev, np.array(ev.ranks, dtype=np.int64)))
+        self._chunks.append((ev, tuple(ev.ranks)))
+        self.num_events += 1
+        if len(self._chunks) >= self.block_events:
+            self._join_chunks()
+
+    def _join_chunks(self) -> None:
+        if self._chunks:
+            self._blocks.append(_rows(self._chunks))
+            self._chunks = []
 
     def frame(self) -> pd.DataFrame:
-        if not self._chunks:
+        self._join_chunks()
+        if not self._blocks:
             return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
-        events = [ev for ev, _ in self._chunks]
-        ranks = [r for _, r in self._chunks]
-        steps = np.array([len(ev.step_index) for ev in events], dtype=np.int64)
-        width = np.array([len(r) for r in ranks], dtype=np.int64)
-        rows = steps * width  # table rows of each chunk, step by step, rank by rank
-        n = int(rows.sum())
-        same = int(width[0]) if (width == width[0]).all() else 0  # 0: widths differ
-        per_step = np.repeat(width, steps)  # rows of each step
-        # each row's entry in the chunks' ranks, all put one after another
-        rank_idx = np.repeat(np.cumsum(width) - width, rows)
-        if same != 1:  # plus the row's place among its chunk's ranks
-            pos = np.arange(n) - np.repeat(np.cumsum(rows) - rows, rows)
-            rank_idx += pos % np.repeat(width, rows)
-        all_ranks = np.concatenate(ranks)
-        start = np.concatenate([ev.start for ev in events])
-        start = start if same == 1 else np.repeat(start, per_step)
-        # rows by start, then rank; a stable sort, so ties keep the order they came in
-        order = np.lexsort((all_ranks[rank_idx], start))
-        idx = rank_idx[order]
-        totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
-        # Each column is gathered into a scratch buffer (one per dtype, reused), then
-        # put in order into its own array, which the frame takes as it is: a replay's
-        # table is hundreds of MB, and fresh memory for every intermediate is a cost.
+        # Each column's blocks are joined into a scratch buffer (one per dtype, reused),
+        # then put in order into its own array, which the frame takes as it is: a
+        # replay's table is hundreds of MB, and fresh memory for every intermediate is
+        # a cost.
         scratch: dict = {}
 
-        def in_order(field, dtype=None):
-            parts = [getattr(ev, field) for ev in events]
-            if field in _PER_STEP:
-                shape = (len(per_step),)
-            elif same:  # (steps, ranks) blocks stacked: rows in the table's order
-                shape = (len(per_step), same)
-            else:  # chunks of different widths: flat pieces
-                parts, shape = [p.reshape(-1) for p in parts], (n,)
-            kind = np.dtype(dtype or parts[0].dtype)
-            if kind not in scratch:
-                scratch[kind] = np.empty(n, kind)
-            col = _concatenate(parts, scratch[kind][:math.prod(shape)].reshape(shape), dtype)
-            col = col.reshape(-1)
-            if field in _PER_STEP and same != 1:
-                col = np.repeat(col, per_step)
-            return col[order]
+        def joined(c: str) -> np.ndarray:
+            parts = [b[c] for b in self._blocks]
+            if len(parts) == 1:
+                return parts[0]
+            kind = np.result_type(*parts)  # as np.concatenate(parts) would make it
+            size = sum(len(p) for p in parts)
+            if kind not in scratch or len(scratch[kind]) != size:
+                scratch[kind] = np.empty(size, kind)
+            return np.concatenate(parts, out=scratch[kind])
 
-        cols = {"step": in_order("step_index"),
-                "instance": np.repeat(np.array([ev.instance for ev in events]), rows)[order],
-                "rank": all_ranks[idx], "start_s": start[order],
-                "duration_s": in_order("duration")}
-        for c, f in self._PER_RANK.items():
-            cols[c] = in_order(f, float if c in _AS_FLOAT else None)
-        cols["kv_usage"] = cols["kv_used_blocks"] / totals[idx]
+        # by start, then rank; a stable sort, so ties keep the order they came in
+        order = np.lexsort((joined("rank").copy(), joined("start_s")))
+        cols = {c: joined(c)[order] for c in self._blocks[0]}
+        cols["kv_usage"] = cols["kv_used_blocks"] / cols.pop("kv_total_blocks")
         return pd.DataFrame({c: cols[c] for c in STEP_COLUMNS}, copy=False)
 
 
-_PER_STEP = ("step_index", "start", "duration")  # the event's (steps,) arrays
+_PER_STEP = {"step": "step_index", "start_s": "start", "duration_s": "duration"}
 _AS_FLOAT = ("persistent_kv_bytes", "temporary_kv_bytes")  # float columns whatever comes
 
 
-def _concatenate(parts: list, out: np.ndarray, dtype=None) -> np.ndarray:
-    """np.concatenate(parts) (then as `dtype`, if given), written into `out` when every
-    part has out's dtype (or casts to it safely, when `dtype` is given); else a new
-    array, as numpy makes it."""
-    try:
-        return np.concatenate(parts, out=out, casting="no" if dtype is None else "safe")
-    except (TypeError, ValueError):  # another dtype or shape: as numpy does it below
-        col = np.concatenate(parts)
-        return col if dtype is None else np.asarray(col, dtype=dtype)
+def _rows(chunks: list[tuple]) -> dict:
+    """The table's columns (and each row's kv_total_blocks) of StepsCompleted `chunks`,
+    (event, ranks), unsorted: chunk by chunk, step by step, rank by rank. A column's
+    dtype is the one numpy gives its pieces joined."""
+    events = [ev for ev, _ in chunks]
+    steps = np.array([len(ev.step_index) for ev in events], dtype=np.int64)
+    width = np.array([len(r) for _, r in chunks], dtype=np.int64)
+    rows = steps * width  # rows of each chunk
+    same = int(width[0]) if (width == width[0]).all() else 0  # 0: widths differ
+    per_step = np.repeat(width, steps)  # rows of each step
+    # each row's entry in the chunks' ranks, all put one after another: its chunk's
+    # first, plus its place among the chunk's ranks
+    rank_idx = np.repeat(np.cumsum(width) - width, rows)
+    if same != 1:
+        pos = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)
+        rank_idx += pos % np.repeat(width, rows)
+    all_ranks = np.array([rank for _, r in chunks for rank in r], dtype=np.int64)
+    totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
+    cols = {"instance": np.repeat(np.array([ev.instance for ev in events], dtype=np.int64),
+                                  rows),
+            "rank": all_ranks[rank_idx], "kv_total_blocks": totals[rank_idx]}
+    for c, f in _PER_STEP.items():  # (steps,): the same in each of the step's rows
+        col = np.concatenate([getattr(ev, f) for ev in events])
+        cols[c] = col if same == 1 else np.repeat(col, per_step)
+    for c, f in StepRecorder._PER_RANK.items():  # (steps, ranks): rows as they are laid
+        parts = [getattr(ev, f) for ev in events]
+        col = np.concatenate(parts).reshape(-1) if same else \
+            np.concatenate([p.reshape(-1) for p in parts])
+        cols[c] = col.astype(float, copy=False) if c in _AS_FLOAT else col
+    return cols
 
 
-def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
-    """One row per request; `with_tokens` (compute plane) adds `output_token_ids`."""
+def request_rows(requests: list, with_tokens: bool = False,
+                 itl: ITLSamples | None = None) -> pd.DataFrame:
+    """One row per request; `with_tokens` (compute plane) adds `output_token_ids`.
+    `itl`: the requests' ITLs, if already read."""
+    itl = itl if itl is not None else ITLSamples(requests)
     rows = []
-    for r in requests:
-        itl = np.asarray(r.itl, dtype=float)
-        # (one call for both: the same interpolation, element by element)
-        p50, p90 = np.percentile(itl, (50, 90)) if len(itl) else (np.nan, np.nan)
+    for i, r in enumerate(requests):
+        itl_mean, p50, p90, itl_max = itl.stats(i)
         done = r.finish_s is not None
         ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
         e2el = r.finish_s - r.arrival_s if done else np.nan
@@ -158,9 +169,8 @@ def request_rows(requests, with_tokens: bool = False) -> pd.DataFrame:
             "computed_prefill_tokens": r.num_computed_prefill_tokens,
             "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
             "e2el_s": e2el,
-            "itl_mean_s": itl.mean() if len(itl) else np.nan,
-            "itl_p50_s": p50, "itl_p90_s": p90,
-            "itl_max_s": itl.max() if len(itl) else np.nan,
+            "itl_mean_s": itl_mean, "itl_p50_s": p50, "itl_p90_s": p90,
+            "itl_max_s": itl_max,
             "preemptions": r.num_preemptions, "completed": done,
         })
         if with_tokens:
@@ -284,10 +294,10 @@ def collect_result(engine, *, warmup_s: float, end_s: float, wall_s: float,
 
     # Requests scheduled to arrive after the run ended never existed for it.
     requests = [r for r in engine.requests.values() if r.status is not Status.PENDING]
-    table = request_rows(requests, with_tokens=engine.computes)
+    samples = ITLSamples(requests)
+    table = request_rows(requests, with_tokens=engine.computes, itl=samples)
     steps = engine.step_recorder.frame()
-    in_window = [r for r in requests if r.arrival_s >= warmup_s]
-    itl = np.concatenate([np.asarray(r.itl) for r in in_window]) if in_window else np.empty(0)
+    itl = samples.where([r.arrival_s >= warmup_s for r in requests])
     summary = summarize(table, steps, itl, gpus=engine.gpus, warmup_s=warmup_s, end_s=end_s,
                         wall_s=wall_s)
     summary["requests_skipped"] = len(skipped or [])

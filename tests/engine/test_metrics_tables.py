@@ -1,12 +1,16 @@
 """How the tables are built, checked against plain references: StepRecorder's steps
-table (built from the StepsCompleted chunks at the end) against one written row by row
-from the events; request rows' ITL percentiles (two in one numpy call) against one call
-each."""
+table (StepsCompleted chunks joined into blocks as they come, the blocks joined and
+sorted at the end) against one written row by row from the events; request rows' ITL
+statistics (off one array, percentiles in numpy's steps) against numpy's calls on each
+request's ITLs."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
 from labkit.engine.events import EventBus, StepsCompleted
+from labkit.engine.itl_stats import ITLSamples
 from labkit.engine.metrics import STEP_COLUMNS, StepRecorder
 
 
@@ -56,33 +60,44 @@ def _naive(events) -> pd.DataFrame:
 def test_steps_table_equals_a_row_by_row_one():
     # instances of 1 to 4 ranks (numbered across the deployment); every instance as
     # wide (one rank: DP; several: lockstep DEP) or widths mixed (the table's three ways)
+    # chunks joined into blocks of 1, 2, 7 or 512 (none joined before the end)
     for seed, widths in [(s, w) for s in range(20) for w in ("mixed", 1, 3)]:
         rng = np.random.default_rng(seed)
+        block = int(rng.choice([1, 2, 7, 512]))
         layout, rank = [], 0
         for _ in range(int(rng.integers(1, 5))):
             width = int(rng.integers(1, 5)) if widths == "mixed" else widths
             layout.append(list(range(rank, rank + width)))
             rank += width
         bus = EventBus()
-        recorder = StepRecorder(bus)
+        recorder = StepRecorder(bus, block_events=block)
         events, next_step = [], [0] * len(layout)
-        for n in range(int(rng.integers(1, 30))):
+        n_events = int(rng.integers(1, 30))
+        for n in range(n_events):
+            if n == n_events // 2 and events:  # a table asked for part way: also right,
+                _check(recorder.frame(), events, (seed, widths))  # and changes nothing
             i = int(rng.integers(0, len(layout)))
             ev = _event(rng, i, layout[i], next_step[i], float(n))
             next_step[i] += len(ev.step_index)
             bus.emit(ev)
             events.append(ev)
-        got, want = recorder.frame(), _naive(events)
-        assert list(got.columns) == STEP_COLUMNS
-        assert isinstance(got.index, pd.RangeIndex) and got.index.equals(want.index)
-        for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
-            assert got[c].to_numpy().tobytes() == \
-                want[c].to_numpy(dtype=got[c].dtype).tobytes(), (seed, widths, c)
-        ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
-                "prefill_tokens", "decode_tokens", "kv_used_blocks"}
-        assert all(got[c].dtype == (np.int64 if c in ints else np.float64)
-                   for c in STEP_COLUMNS)
-        assert len(got) == len(want) == sum(ev.busy.size for ev in events)
+        got = recorder.frame()
+        _check(got, events, (seed, widths))
+        assert recorder.frame().equals(got)  # asked again: the same table
+        assert recorder.num_events == len(events)
+
+
+def _check(got: pd.DataFrame, events: list, case) -> None:
+    want = _naive(events)
+    assert list(got.columns) == STEP_COLUMNS
+    assert isinstance(got.index, pd.RangeIndex) and got.index.equals(want.index)
+    for c in STEP_COLUMNS:  # same values, same dtypes (floats: bit for bit)
+        assert got[c].to_numpy().tobytes() == \
+            want[c].to_numpy(dtype=got[c].dtype).tobytes(), (case, c)
+    ints = {"step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
+            "prefill_tokens", "decode_tokens", "kv_used_blocks"}
+    assert all(got[c].dtype == (np.int64 if c in ints else np.float64) for c in STEP_COLUMNS)
+    assert len(got) == len(want) == sum(ev.busy.size for ev in events)
 
 
 def test_no_steps_gives_the_empty_table():
@@ -90,10 +105,27 @@ def test_no_steps_gives_the_empty_table():
     assert list(frame.columns) == STEP_COLUMNS and len(frame) == 0
 
 
-def test_itl_percentiles_in_one_call_equal_one_call_each():
+def test_itl_stats_equal_numpy_per_request():
+    # every request's ITL statistics off the one array, against numpy's own calls on
+    # each request's list: lengths 0 to 1000, ties, spreads from us to ks, non-finite
     rng = np.random.default_rng(0)
-    for n in [1, 2, 3, 4, 5, 7, 10, 11, 64, 99, 100, 101, 1000] * 20:
+    requests = []
+    for n in [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 16, 17, 64, 99, 100, 101, 1000] * 12:
         itl = rng.exponential(0.02, size=n) * rng.choice([1e-3, 1.0, 1e3])
-        both = np.percentile(itl, (50, 90))
-        one_each = [np.percentile(itl, 50), np.percentile(itl, 90)]
-        assert both.tobytes() == np.array(one_each).tobytes()
+        if n > 3 and rng.random() < 0.3:  # steps of one length: many equal gaps
+            itl = np.round(itl, 3)
+        if n > 1 and rng.random() < 0.05:
+            itl[int(rng.integers(0, n))] = rng.choice([np.nan, np.inf, -np.inf])
+        requests.append(SimpleNamespace(itl=itl.tolist()))
+    samples = ITLSamples(requests)
+    for i, r in enumerate(requests):
+        with np.errstate(invalid="ignore"):  # numpy's warnings on infinite gaps
+            got = np.array(samples.stats(i), dtype=float)
+            itl = np.asarray(r.itl, dtype=float)
+            want = np.array([itl.mean(), *np.percentile(itl, (50, 90)), itl.max()]) \
+                if len(itl) else np.full(4, np.nan)
+        assert got.tobytes() == want.tobytes(), (i, len(itl))
+    keep = [bool(k) for k in rng.random(len(requests)) < 0.5]
+    want = np.concatenate([np.asarray(r.itl, dtype=float)
+                           for r, k in zip(requests, keep) if k])
+    assert samples.where(keep).tobytes() == want.tobytes()
