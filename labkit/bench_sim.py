@@ -13,7 +13,8 @@ before it, `sim_step_cache=False`) and on (the default). The two must agree bit 
 (checked and printed). Then the first `STEP_BY_STEP_S` simulated seconds run once more
 step by step (no fast-forward, no memo: every step scheduled, priced and committed on its
 own, the simulator's reference path, ~1x real time on the fast workload) and once with
-the defaults: the speed-up of the default path over it, and that the two agree. Printed per run: simulated seconds, steps (engine steps, and
+the defaults: the speed-up of the default path over it, and that the two agree.
+Printed per run: simulated seconds, steps (engine steps, and
 rank-steps: rows of the steps table), CPU seconds of this process (the machine may be
 shared: CPU time is what a core spent), wall seconds, steps per CPU second, and times
 real time (simulated seconds per CPU second).

@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
     replay.add_argument("--trace", required=True)
     replay.add_argument("--format", choices=["auto", *FORMATS], default="auto")
-    replay.add_argument("--model", required=True, help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
+    replay.add_argument("--model", required=True,
+                        help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
                              "config.json or model folder")
     replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
     replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))

@@ -25,7 +25,8 @@ Linear-attention layers keep a fixed state per sequence, split by heads under TP
 
 **Temporary KV** (per request, during a layer): PCPxDCP all-gathers the full KV of the
 layer being computed for its queries — the chunk's new KV over the PCP ranks and the
-cached prefix's DCP shards over the DCP group, so its cost grows with the context; KVPP broadcasts the owner's layer to the others;
+cached prefix's DCP shards over the DCP group, so its cost grows with the context; KVPP
+broadcasts the owner's layer to the others;
 DCP on MLA gathers a prefill's prefix latents.
 
 **Communication per step** (per layer): TP all-reduces after attention and MLP; EP

@@ -131,11 +131,11 @@ def parse_values(name: str, text: str) -> list:
 def parse_parameter_args(pairs) -> dict[str, list]:
     """[("layout", "tp1,tp2"), ...] from ``-p`` -> {"layout": ["tp1", "tp2"], ...}."""
     params: dict[str, list] = {}
-    for name, text in pairs or []:
+    for name, values in pairs or []:
         if name in params:
             raise SweepInputError(f"-p {name} is given twice; list all its values once, "
                                   "separated by commas")
-        params[name] = parse_values(name, text)
+        params[name] = parse_values(name, values)
     return params
 
 
