@@ -107,7 +107,7 @@ class DecodeRun:
         before = self.held[:, first]
         after = self.held[:, first + 1 : commit_stop + 1]
         full = self.held[:, first : commit_stop + 1] // self.pairs[0][0].kv.block_size
-        fills = np.diff(full, axis=1) != 0  # (n, commit_stop - first): step j fills a block
+        fills = full[:, 1:] != full[:, :-1]  # (n, commit_stop - first): step j fills a block
         left = play_run_in_batches(self, first, alloc_stop, after, fills, ends)
         if left:
             self._play_in_order(first, alloc_stop, before, fills, ends, left)
@@ -164,20 +164,22 @@ class DecodeRun:
     def _emit_tokens(self, first: int, stop: int, ends) -> list:
         if stop <= first:
             return []
-        gaps = np.diff(ends[first:stop]).tolist()
+        times = ends[first:stop]
+        gaps = (times[1:] - times[:-1]).tolist()
+        first_end, last_end = float(times[0]), float(times[-1])
         gained = (self.held[:, stop] - self.held[:, first]).tolist()
-        chunked = () if self.prefill is None else np.flatnonzero(  # not decoding throughout
-            (self.prefill[:, first:stop] | (self.new[:, first:stop] == 0)).any(axis=1)).tolist()
+        chunked = () if self.prefill is None else (  # not decoding throughout
+            self.prefill[:, first:stop] | (self.new[:, first:stop] == 0)).any(axis=1)
         finished = []
         for i, ((scheduler, req), n) in enumerate(zip(self.pairs, gained)):
-            if i in chunked:
+            if len(chunked) and chunked[i]:
                 self._emit_chunked(i, first, stop, ends)
             else:
-                req.itl.append(float(ends[first]) - req.last_token_s)
+                req.itl.append(first_end - req.last_token_s)
                 req.itl.extend(gaps)
                 req.num_output_tokens += n
                 req.num_computed_tokens += n
-                req.last_token_s = float(ends[stop - 1])
+                req.last_token_s = last_end
             if req.remaining_output_tokens <= 0:
                 finished.append((scheduler, req))
         self.committed = stop

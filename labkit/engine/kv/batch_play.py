@@ -77,16 +77,17 @@ def plan_batch(kv, reqs, counts: np.ndarray, committed: int,
     tables = [kv.tables[r.request_id] for r in reqs]
     registered = []
     if pool.enable_caching:
-        for req, table, row, num in zip(reqs, tables, counts, tokens.tolist()):
+        taken = counts[:, :committed].sum(axis=1).tolist()  # blocks taken before
+        for req, table, before, num in zip(reqs, tables, taken, tokens.tolist()):
             if num < 0 or req.keys is None:
                 continue
-            held = table.n + int(row[:committed].sum())
+            held = table.n + before
             full = min(num // kv.block_size, req.keys.num_blocks, held)
             if full > table.num_written:
                 keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
                 registered.append((table, full, keys))
     if registered:
-        keys = np.concatenate([k for _, _, k in registered]).tolist()
+        keys = _joined([k for _, _, k in registered]).tolist()
         if len(set(keys)) != len(keys) or not pool.cached_none(keys):
             return None
     return BatchPlan(tables, counts, registered)
@@ -97,20 +98,23 @@ def play_batch(kv, plan: BatchPlan) -> None:
     the order the calls one by one would take the blocks (step by step, then request
     by request), then one registration of every block filled."""
     tables, counts, registered = plan.tables, plan.counts, plan.registered
-    total = int(counts.sum())
+    per_table = counts.sum(axis=1).tolist()
+    total = sum(per_table)
     if total:
         blocks = kv.pool.allocate(total)
-        n, steps = counts.shape
-        owner = np.repeat(np.tile(np.arange(n), steps), counts.T.ravel())
-        for i, table in enumerate(tables):
-            if counts[i].any():
-                table.extend(blocks[owner == i])
+        if total in per_table:  # one table takes them all
+            tables[per_table.index(total)].extend(blocks)
+        else:
+            n, steps = counts.shape
+            owner = np.repeat(np.tile(np.arange(n), steps), counts.T.ravel())
+            for i, table in enumerate(tables):
+                if per_table[i]:
+                    table.extend(blocks[owner == i])
     if not registered:
         return
-    blocks = [t.blocks[t.num_keyed : full] for t, full, _ in registered]
-    kv.pool.cache_blocks(np.concatenate(blocks), np.concatenate([k for _, _, k in registered]))
-    kv.pool.written(np.concatenate([t.blocks[t.num_written : full]
-                                    for t, full, _ in registered]))
+    kv.pool.cache_blocks(_joined([t.blocks[t.num_keyed : full] for t, full, _ in registered]),
+                         _joined([k for _, _, k in registered]))
+    kv.pool.written(_joined([t.blocks[t.num_written : full] for t, full, _ in registered]))
     for table, full, _ in registered:
         table.num_keyed = max(table.num_keyed, full)
         table.num_written = full
@@ -149,7 +153,9 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
         slots = run.held[lo:hi, start:alloc_stop] + run.new[lo:hi, start:alloc_stop]
         need = np.where(rank_calls, -(-slots // kv.block_size), 0)
         held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-        counts = np.diff(held, axis=1, prepend=have[:, None])
+        counts = held.copy()  # held less what was held a step before
+        counts[:, 1:] -= held[:, :-1]
+        counts[:, 0] -= have
         # a request's blocks registered: those full after its last step that fills one
         filled = rank_fills.any(axis=1)
         tokens = np.where(filled, after[lo:hi, -1] if after.shape[1] else 0, -1)
@@ -180,6 +186,10 @@ def _ranks(pairs) -> list:
 
 def _last(mask: np.ndarray) -> int:
     """The index of the last True of a 1-d mask (a large negative number if none)."""
-    if not mask.any():
-        return -(1 << 40)
-    return len(mask) - 1 - int(np.argmax(mask[::-1]))
+    hits = mask.nonzero()[0]
+    return int(hits[-1]) if len(hits) else -(1 << 40)
+
+
+def _joined(arrays: list) -> np.ndarray:
+    """The arrays end to end (the one itself, uncopied, when there is one)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -93,7 +93,7 @@ class FreeBlockQueue:
             window = max(2 * need, 64)
             while True:
                 chunk = segment[self._cursor : self._cursor + window]
-                live = np.flatnonzero(self._stamp[chunk] == stamp)
+                live = (self._stamp[chunk] == stamp).nonzero()[0]
                 if len(live) >= need or self._cursor + window >= len(segment):
                     break
                 window *= 4
