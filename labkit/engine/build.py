@@ -80,9 +80,10 @@ class Ranks:
     def window(self, rank: int):
         return self.kv(rank).window
 
-    def catch_up(self, rank: int, now: float) -> None:
-        """Play rank's fast-forwarded run up to now (its steps that ended by now)."""
-        self._instance_of[rank].sync(now, False)
+    def lookup(self, rank: int, req, now: float):
+        """req's prefix as `rank` caches it at `now`, for a fetch: its fast-forwarded run
+        played up to now where that matters (`Instance.lookup_at`)."""
+        return self._instance_of[rank].lookup_at(self._schedulers[rank], req, now)
 
 
 def build_parts(engine, prefix_sources=(), hold_kv_on_finish: bool = False) -> Parts:

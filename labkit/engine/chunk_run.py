@@ -54,7 +54,7 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
     if all(r.is_decoding for _, r in pairs):
         # every request gains cum[j] by step j; the first to finish ends the run
-        first_done = int(np.searchsorted(cum, remaining.min(), side="left"))
+        first_done = int(cum.searchsorted(remaining.min(), side="left"))
         k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
         held = computed[:, None] + np.minimum(cum[None, : k + 1], remaining[:, None])
         return RunTokens(held, np.full((len(pairs), k), width, dtype=np.int64), None, k,
@@ -63,9 +63,9 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
     new = np.full((len(pairs), max_steps), width, dtype=np.int64)
     prefill = np.zeros((len(pairs), max_steps), dtype=bool)
-    done = np.searchsorted(cum, remaining, side="left")  # steps to finish, decoding
+    done = cum.searchsorted(remaining, side="left")  # steps to finish, decoding
     steps, lands = max_steps, []
-    for i in np.flatnonzero(~decoding).tolist():
+    for i in (~decoding).nonzero()[0].tolist():
         scheduler, req = pairs[i]
         rank_decodes = sum(1 for j, (s, _) in enumerate(pairs) if s is scheduler and j != i)
         chunk = _chunks(scheduler, req, rank_decodes, step_index, cum, config, max_steps)

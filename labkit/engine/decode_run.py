@@ -207,6 +207,28 @@ class DecodeRun:
                 if req.emit(1, t) and scheduler.events.wants(FirstToken):
                     scheduler.events.emit(FirstToken(t, req.request_id, scheduler.rank))
 
+    def could_change_lookup(self, scheduler, req, match, now: float) -> bool:
+        """Could playing the run up to `now` (`Instance.sync`) change `match`, req's
+        prefix on `scheduler`'s rank as played so far? Playing allocates blocks, which
+        evicts the least recently freed ones, and registers the blocks the run's requests
+        fill (a prefill chunk's, a landed prefix's too); it frees and touches nothing. So
+        the match can only shrink, if the allocations reach one of its blocks, or grow,
+        if the run caches (or finishes computing) the block after it — which only a
+        request whose key there equals req's can do, keys naming their whole prefix."""
+        rows = [i for i, (s, _) in enumerate(self.pairs) if s is scheduler]
+        pool, m = scheduler.kv.pool, len(match.blocks)
+        started = max(1, int(self.start.searchsorted(now, side="left")))
+        taken = int(self.new_blocks[rows, self.allocated : started].sum())
+        if taken and m and np.isin(pool.next_to_evict(taken), match.blocks,
+                                   kind="table").any():
+            return True
+        if m >= req.keys.num_blocks:
+            return False
+        key = req.keys.key(m)
+        return pool.cached_block(key) >= 0 or any(
+            r.keys is not None and m < r.keys.num_blocks and r.keys.key(m) == key
+            for r in (self.pairs[i][1] for i in rows))
+
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
         if steps >= self.steps:
@@ -260,7 +282,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     block_size = schedulers[0].kv.block_size
     need = np.where(new > 0, -(-(held[:, :k] + new) // block_size), 0)  # (n, k)
     blocks = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-    net = np.diff(np.concatenate([have[:, None], blocks], axis=1), axis=1)  # (n, k)
+    net = blocks - np.concatenate([have[:, None], blocks[:, :-1]], axis=1)  # (n, k)
     calls = net > 0
     if schedulers[0].kv.window is not None:
         slid = _window_slides(pairs, held[:, :k])
@@ -270,16 +292,16 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
     per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
-    fits = (np.cumsum(per_rank, axis=0) <= free[None, :]).all(axis=1)
+    fits = (per_rank.cumsum(axis=0) <= free[None, :]).all(axis=1)
     if not fits.all():
-        k, finishes = int(np.argmin(fits)), False
+        k, finishes = int(fits.argmin()), False
         if k < 1:
             return None
 
     prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
     if tokens.prefill is not None:
         prefill = tokens.prefill[:, :k]
-        busy = np.flatnonzero((prefill | (new[:, :k] == 0)).any(axis=0))
+        busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
         chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
@@ -295,14 +317,14 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         rows = whole.rows
     timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon, step_guess_s,
                                 chunk_end)
-    ends = np.cumsum(np.concatenate([[now], timing.duration]))[1:]
-    within = int(np.searchsorted(ends, horizon, side="left"))  # steps ending < horizon
+    ends = np.concatenate([[now], timing.duration]).cumsum()[1:]
+    within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
-    within = min(within, int(np.searchsorted(start, landing, side="left")))
+    within = min(within, int(start.searchsorted(landing, side="left")))
     if within < 1:
         return None
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
-    kv_used = used0[None, :] + np.cumsum(per_rank[:k], axis=0)
+    kv_used = used0[None, :] + per_rank[:k].cumsum(axis=0)
     run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                     net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
                     chunk_end)
@@ -329,7 +351,7 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
         parts.append(cost_model.step_timing(rows(a, b), lockstep))
         durations = np.concatenate([p.duration for p in parts])
         # as plan_decode_run finds the steps' ends (same sums, same rounding)
-        if b < k and np.cumsum(np.concatenate([[now], durations]))[-1] >= horizon:
+        if b < k and np.concatenate([[now], durations]).cumsum()[-1] >= horizon:
             break
     if len(parts) == 1:
         return parts[0], rows(0, b)
@@ -358,17 +380,17 @@ def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
 def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:
     """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
     ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
-    zeros = np.zeros_like(ctx)
+    zeros = np.zeros(ctx.shape, dtype=ctx.dtype)
     k = len(cum)
     return StepWork(
         prefill_tokens=zeros,
-        decode_tokens=np.repeat((counts * width)[None, :], k, axis=0),
+        decode_tokens=(counts * width)[None, :].repeat(k, axis=0),
         num_prefill_reqs=zeros,
-        num_decode_reqs=np.repeat(counts[None, :], k, axis=0),
+        num_decode_reqs=counts[None, :].repeat(k, axis=0),
         kv_read_tokens=ctx + counts[None, :] * width,
         prefill_pairs=zeros,
         decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
-        idle=np.repeat((counts == 0)[None, :], k, axis=0),
+        idle=(counts == 0)[None, :].repeat(k, axis=0),
         decode_context=ctx,
     )
 

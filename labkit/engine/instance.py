@@ -32,6 +32,7 @@ import numpy as np
 
 from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
 from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepStarted
+from labkit.engine.kv.batch_play import plays_in_batches
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.engine.step_message import Outbox, step_input
 
@@ -201,8 +202,8 @@ class Instance:
         if plan is None or plan.run is None or t >= plan.end:
             return False
         run = plan.run
-        started = max(1, int(np.searchsorted(run.start, t, side="left")))
-        ended = int(np.searchsorted(run.ends, t, side="left"))
+        started = max(1, int(run.start.searchsorted(t, side="left")))
+        ended = int(run.ends.searchsorted(t, side="left"))
         first = run.committed
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
@@ -214,6 +215,21 @@ class Instance:
             plan.end, plan.finishes = run.end, run.finishes
             return True
         return False
+
+    def lookup_at(self, scheduler, req, now: float):
+        """req's prefix as `scheduler`'s rank caches it at `now` for another rank to fetch
+        (`KVManager.lookup` of computed blocks). A run under way is played up to now first
+        (`sync`), unless that cannot change the answer (`DecodeRun.could_change_lookup`):
+        then it plays later, in one piece with the rest of it."""
+        kv, plan = scheduler.kv, self.plan
+        if plan is None or plan.run is None or now >= plan.end:
+            return kv.lookup(req, computed_only=True)  # nothing to play
+        if plays_in_batches(kv) and not req.forked_tokens and req.keys is not None:
+            match = kv.lookup(req, computed_only=True)
+            if not plan.run.could_change_lookup(scheduler, req, match, now):
+                return match
+        self.sync(now, cut=False)
+        return kv.lookup(req, computed_only=True)
 
     def _hides(self, run: DecodeRun, started: int, arrival_s: float) -> int:
         """1 if the run's step after the one in progress is planned before a request that

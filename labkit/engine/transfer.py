@@ -43,8 +43,8 @@ class RemoteFetch:
 
     def __init__(self, ranks, placement, hardware, layout, events, on_copy=None) -> None:
         """`ranks`: the engine's DP ranks (`build.Ranks`: their KV managers, and
-        `catch_up(rank, now)`, which plays a rank's fast-forwarded run up to now so the
-        lookup sees the blocks its steps ended before now have registered)."""
+        `lookup(rank, req, now)`, a rank's cache as step-by-step simulation has it at now:
+        its fast-forwarded run played up to now where that could change the answer)."""
         self.ranks, self.placement, self.hardware = ranks, placement, hardware
         self.replicas_per_node = max(1, hardware.gpus_per_node // layout.gpus_per_replica)
         self.events = events
@@ -54,8 +54,7 @@ class RemoteFetch:
         hint = req.prefix_hint
         if hint is None or hint.rank == req.rank:
             return None
-        self.ranks.catch_up(hint.rank, now)
-        match = self.ranks.kv(hint.rank).lookup(req, computed_only=True)
+        match = self.ranks.lookup(hint.rank, req, now)
         if match.num_tokens <= cached:
             return None
         nbytes = match.num_tokens * self.placement.kv_bytes_per_token_per_gpu()

@@ -111,6 +111,9 @@ def check_against_reference(operations, num_blocks, lazy=False):
             pool.cache_blocks(blocks, np.array([k for _, k in fresh], dtype=np.int64))
             ref.cache([b for b, _ in fresh], [k for _, k in fresh])
         assert pool.free_order().tolist() == ref.free
+        # what the next allocations would take, seen without taking it
+        assert pool.next_to_evict(size + pick % 7).tolist() == ref.free[: size + pick % 7]
+        assert pool.free_order().tolist() == ref.free
         refs = pool.ref_count.tolist()
         if lazy:  # blocks past the arrays were never used: ref count 0
             refs += [0] * (num_blocks - len(refs))

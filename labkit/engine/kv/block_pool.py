@@ -102,6 +102,11 @@ class BlockPool:
         if self.events.wants(BlocksEvicted):
             self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
 
+    def next_to_evict(self, n: int) -> np.ndarray:
+        """The blocks the next allocations of n blocks in all would take (no touch or
+        free between them), least recently freed first; nothing changes."""
+        return self._free.peek(n)
+
     def touch(self, blocks: np.ndarray) -> None:
         """Take a reference to blocks found in the cache (a prefix hit or a fork)."""
         if len(blocks) == 0:

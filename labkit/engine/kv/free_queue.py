@@ -115,6 +115,21 @@ class FreeBlockQueue:
         self.num_free -= n
         return blocks
 
+    def peek(self, n: int) -> np.ndarray:
+        """The blocks `popleft(n)` would take (all free ones if fewer), the queue as it is."""
+        n = min(n, self.num_free)
+        fresh = min(n, self.num_blocks - self.fresh)
+        parts = [np.arange(self.fresh, self.fresh + fresh, dtype=np.int32)]
+        need, cursor = n - fresh, self._cursor
+        for stamp, segment in self._segments:
+            if not need:
+                break
+            rest = segment[cursor:]
+            live = rest[self._stamp[rest] == stamp][:need]
+            parts.append(live)
+            need, cursor = need - len(live), 0
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def order(self) -> np.ndarray:
         """All free blocks in reuse order (for tests and views)."""
         parts = [np.arange(self.fresh, self.num_blocks, dtype=np.int32)]
