@@ -96,7 +96,9 @@ class BlockPool:
         if not had_key.any():
             return
         evicted = blocks[had_key]
-        for _ in map(self._cached.__delitem__, keys[had_key].tolist()):  # a C-level loop
+        # a C-level loop; `pop` is called without building an argument tuple per key,
+        # unlike `__delitem__` (~50 vs ~75 ns a key)
+        for _ in map(self._cached.pop, keys[had_key].tolist()):
             pass
         self.block_key[evicted] = NO_KEY
         if self.events.wants(BlocksEvicted):
