@@ -21,6 +21,10 @@ prints, for each claim, the model's numbers and a verdict read off them (see
     deepseek-v3 sessions started part-way (AgentX's warm start);
 (c) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
     same new tokens. Lookup must follow the new tokens, not the context: ratio ~1.
+
+`labkit bench sim --breakdown` instead replays the fast workload of (b) once and splits
+its CPU time by engine component (`labkit.sim_profile`): where to look first when
+making the simulator faster.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from labkit.errors import ConfigError
 
 
 def shared_data_dir() -> Path | None:
@@ -43,8 +49,16 @@ def shared_data_dir() -> Path | None:
     return None
 
 
-def run_bench(target: str, quick: bool = False, duration_s: float | None = None) -> int:
-    if target == "sim":
+def run_bench(target: str, quick: bool = False, duration_s: float | None = None,
+              breakdown: bool = False) -> int:
+    if breakdown and target != "sim":
+        raise ConfigError(f"--breakdown applies to `labkit bench sim` only, not {target!r}")
+    if target == "sim" and breakdown:
+        from labkit.bench_sim import bench_sim_breakdown
+
+        print("labkit bench sim --breakdown — where the simulator's CPU time goes")
+        bench_sim_breakdown(duration_s or (120.0 if quick else 600.0))
+    elif target == "sim":
         bench_sim(quick, duration_s)
     elif target == "layouts":
         from labkit.behaviours import bench_layouts

@@ -32,15 +32,21 @@ SLOW = dict(model="deepseek-v3", layout="dep16", hardware="h200", router="sessio
             num_speculative_tokens=3, acceptance_length=2.99, max_model_len=1_048_576)
 
 
+def fast_workload():
+    """(label, engine knobs, trace) of the fast-step workload (trace generated here)."""
+    from labkit import generate_agentx_trace
+
+    trace = generate_agentx_trace(400, seed=11, context_window_tokens=200_000,
+                                  compact_threshold_tokens=167_000)
+    return "qwen3-30b-a3b dp16 (fast steps)", FAST, trace
+
+
 def workloads():
     """(label, engine knobs, trace) of the two workloads (traces generated here)."""
     from labkit import generate_agentx_trace
 
-    fast = generate_agentx_trace(400, seed=11, context_window_tokens=200_000,
-                                 compact_threshold_tokens=167_000)
-    slow = generate_agentx_trace(160, seed=0)
-    return [("qwen3-30b-a3b dp16 (fast steps)", FAST, fast),
-            ("deepseek-v3 dep16 MTP (slow steps)", SLOW, slow)]
+    return [fast_workload(),
+            ("deepseek-v3 dep16 MTP (slow steps)", SLOW, generate_agentx_trace(160, seed=0))]
 
 
 STEP_BY_STEP_S = 30.0  # simulated seconds compared with the step-by-step path
@@ -86,6 +92,26 @@ def _against_step_by_step(label: str, knobs: dict, trace, duration_s: float) -> 
           f"{fast_cpu:.2f}: {slow_cpu / fast_cpu:.1f}x faster; results identical: {same}")
     return {**_row(label, "step by step", slow, slow_cpu, slow_wall),
             "default_speed_up": slow_cpu / fast_cpu, "identical": same}
+
+
+def bench_sim_breakdown(duration_s: float = 600.0) -> pd.DataFrame:
+    """The fast workload once, its CPU time split by engine component (`sim_profile.py`)."""
+    from labkit.sim_profile import component_clock
+
+    label, knobs, trace = fast_workload()
+    with component_clock() as clock:
+        _, cpu, _ = timed_replay(knobs, trace, duration_s, cache=True)
+    df = clock.frame()
+    print(f"  {label}, {duration_s:.0f} sim s: {cpu:.2f} CPU s, exclusive CPU time by component "
+          f"(wrapped methods; the clock's own cost included)")
+    by_group = df.groupby("group", sort=False)["cpu_s"].sum().sort_values(ascending=False)
+    for group, seconds in by_group.items():
+        print(f"    {group:<18} {seconds:6.2f} s {seconds / df['cpu_s'].sum():6.1%}")
+    print("    by method:")
+    for row in df.itertuples():
+        print(f"      {row.component:<28} {row.calls:>8,} calls {row.cpu_s:6.2f} s "
+              f"{row.share:6.1%}")
+    return df
 
 
 def _row(label: str, path: str, result, cpu: float, wall: float) -> dict:

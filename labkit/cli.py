@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration-s", type=float, default=None,
                        help="sim: simulated seconds of the replays timed in (b) "
                             "(default 600; 120 with --quick)")
+    bench.add_argument("--breakdown", action="store_true",
+                       help="sim: only the fast workload of (b), its CPU time split by "
+                            "engine component")
     return parser
 
 
@@ -256,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from labkit.bench import run_bench
 
-            return run_bench(args.target, quick=args.quick, duration_s=args.duration_s)
+            return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
+                             breakdown=args.breakdown)
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2

@@ -237,3 +237,12 @@ def test_bench_kernels_without_a_gpu_says_so(capsys):
         pytest.skip("this machine has a GPU: the benchmark would run")
     code, out, _ = run(capsys, "bench", "kernels", "--quick")
     assert code == 0 and "CUDA" in out
+
+
+def test_bench_sim_breakdown_prints_the_components_and_only_for_sim(capsys):
+    code, out, _ = run(capsys, "bench", "sim", "--breakdown", "--duration-s", "3")
+    assert code == 0
+    for part in ("block pool", "cost model", "BlockPool.allocate", "Engine.replay"):
+        assert part in out, part
+    code, _, err = run(capsys, "bench", "kv", "--breakdown")
+    assert code == 2 and "--breakdown applies to `labkit bench sim` only" in err
