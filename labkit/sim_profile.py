@@ -9,7 +9,8 @@ model — and charges each the process time spent in it *minus* the time spent i
 wrapped methods it calls (its exclusive time). So the components' times add up to the
 whole replay; what no wrapped method claims stays with `Engine.replay` itself (event
 dispatch, collecting the result). A wrapper costs about a microsecond a call, a few
-per cent of a replay.
+per cent of a replay. One thread only: it is meant for the sim plane, whose replay runs
+on the calling thread (the compute plane's rank threads would mix their calls).
 
     with component_clock() as clock:
         engine.replay(trace, concurrency=64, duration_s=600)
