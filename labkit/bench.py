@@ -24,7 +24,9 @@ prints, for each claim, the model's numbers and a verdict read off them (see
 
 `labkit bench sim --breakdown` instead replays the fast workload of (b) once and splits
 its CPU time by engine component (`labkit.sim_profile`): where to look first when
-making the simulator faster.
+making the simulator faster. `labkit bench sim --against REF` replays it with this tree
+and with the package as it was at git revision REF, alternating, in fresh processes
+(`bench_against.py`): a speed-up measured in one sitting against the code it beats.
 """
 
 from __future__ import annotations
@@ -50,10 +52,17 @@ def shared_data_dir() -> Path | None:
 
 
 def run_bench(target: str, quick: bool = False, duration_s: float | None = None,
-              breakdown: bool = False) -> int:
-    if breakdown and target != "sim":
-        raise ConfigError(f"--breakdown applies to `labkit bench sim` only, not {target!r}")
-    if target == "sim" and breakdown:
+              breakdown: bool = False, against: str | None = None) -> int:
+    for flag, given in (("--breakdown", breakdown), ("--against", against)):
+        if given and target != "sim":
+            raise ConfigError(f"{flag} applies to `labkit bench sim` only, not {target!r}")
+    if breakdown and against:
+        raise ConfigError("--breakdown and --against are two different runs: give one")
+    if target == "sim" and against:
+        from labkit.bench_against import bench_against
+
+        bench_against(against, duration_s or (120.0 if quick else 600.0))
+    elif target == "sim" and breakdown:
         from labkit.bench_sim import bench_sim_breakdown
 
         print("labkit bench sim --breakdown — where the simulator's CPU time goes")

@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--breakdown", action="store_true",
                        help="sim: only the fast workload of (b), its CPU time split by "
                             "engine component")
+    bench.add_argument("--against", metavar="REF", default=None,
+                       help="sim: only the fast workload of (b), with this tree and with "
+                            "labkit as it was at git revision REF, alternated")
     return parser
 
 
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             from labkit.bench import run_bench
 
             return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
-                             breakdown=args.breakdown)
+                             breakdown=args.breakdown, against=args.against)
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2

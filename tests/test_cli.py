@@ -246,3 +246,10 @@ def test_bench_sim_breakdown_prints_the_components_and_only_for_sim(capsys):
         assert part in out, part
     code, _, err = run(capsys, "bench", "kv", "--breakdown")
     assert code == 2 and "--breakdown applies to `labkit bench sim` only" in err
+
+
+def test_bench_against_only_for_sim_and_not_with_breakdown(capsys):
+    code, _, err = run(capsys, "bench", "kv", "--against", "HEAD")
+    assert code == 2 and "--against applies to `labkit bench sim` only" in err
+    code, _, err = run(capsys, "bench", "sim", "--against", "HEAD", "--breakdown")
+    assert code == 2 and "give one" in err
