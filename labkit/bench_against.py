@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from labkit.bench_sim import FAST
+from labkit.bench_sim import FAST, FAST_TRACE_KNOBS, FAST_TRACE_SESSIONS
 from labkit.errors import ConfigError
 
 _CHILD = """
 import json, sys, time
 from labkit.engine import Engine
 from labkit.traces.agentx import generate_agentx_trace
-knobs, duration_s = json.loads(sys.argv[1]), float(sys.argv[2])
-trace = generate_agentx_trace(400, seed=11, context_window_tokens=200_000,
-                              compact_threshold_tokens=167_000)
+knobs, sessions, trace_knobs = json.loads(sys.argv[1])
+duration_s = float(sys.argv[2])
+trace = generate_agentx_trace(sessions, **trace_knobs)
 engine = Engine(**knobs)
 t0 = time.process_time()
 result = engine.replay(trace, concurrency=64, duration_s=duration_s, start_part_way=False)
@@ -73,7 +73,8 @@ def checkout(root: Path, ref: str, into: Path) -> str:
 
 def _run(path: Path, duration_s: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(path)}
-    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(FAST), str(duration_s)],
+    workload = json.dumps([FAST, FAST_TRACE_SESSIONS, FAST_TRACE_KNOBS])
+    done = subprocess.run([sys.executable, "-c", _CHILD, workload, str(duration_s)],
                           env=env, cwd=path, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the replay with the code in {path} failed:\n{done.stderr[-2000:]}")

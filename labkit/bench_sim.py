@@ -32,12 +32,16 @@ SLOW = dict(model="deepseek-v3", layout="dep16", hardware="h200", router="sessio
             num_speculative_tokens=3, acceptance_length=2.99, max_model_len=1_048_576)
 
 
+# the fast workload's trace: generate_agentx_trace(sessions, **FAST_TRACE_KNOBS)
+FAST_TRACE_SESSIONS = 400
+FAST_TRACE_KNOBS = dict(seed=11, context_window_tokens=200_000, compact_threshold_tokens=167_000)
+
+
 def fast_workload():
     """(label, engine knobs, trace) of the fast-step workload (trace generated here)."""
     from labkit import generate_agentx_trace
 
-    trace = generate_agentx_trace(400, seed=11, context_window_tokens=200_000,
-                                  compact_threshold_tokens=167_000)
+    trace = generate_agentx_trace(FAST_TRACE_SESSIONS, **FAST_TRACE_KNOBS)
     return "qwen3-30b-a3b dp16 (fast steps)", FAST, trace
 
 

@@ -105,8 +105,8 @@ class ComponentClock:
 def component_clock(parts=ENGINE_PARTS):
     """Time the engine's components while the block runs; the methods are restored after."""
     clock = ComponentClock(parts)
-    clock.install()
     try:
+        clock.install()  # (inside: whatever it wrapped before a failure is restored too)
         yield clock
     finally:
         clock.uninstall()

@@ -71,3 +71,14 @@ def test_the_clock_changes_no_result_and_its_parts_add_up_to_the_replay():
                  "DecodeRun.play", "LayerStepModel.step_timing", "Scheduler.schedule"):
         assert df.loc[part, "calls"] > 0, part
     assert df.loc["Engine._arrive", "calls"] == len(timed.requests)  # one per call
+
+
+def test_a_part_that_does_not_exist_fails_and_leaves_nothing_wrapped():
+    original = Toy.__dict__["outer"]
+    parts = [(__name__, "Toy", ("outer", "no_such_method"), "toy")]
+    try:
+        with component_clock(parts):
+            raise AssertionError("the clock should not have started")
+    except KeyError:
+        pass
+    assert Toy.__dict__["outer"] is original
