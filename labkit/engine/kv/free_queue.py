@@ -132,11 +132,7 @@ class FreeBlockQueue:
 
     def order(self) -> np.ndarray:
         """All free blocks in reuse order (for tests and views)."""
-        parts = [np.arange(self.fresh, self.num_blocks, dtype=np.int32)]
-        for i, (stamp, segment) in enumerate(self._segments):
-            seg = segment[self._cursor :] if i == 0 else segment
-            parts.append(seg[self._stamp[seg] == stamp])
-        return np.concatenate(parts)
+        return self.peek(self.num_free)
 
     def _compact(self) -> None:
         live = self.order()[self.num_blocks - self.fresh:]  # the segments' live entries
