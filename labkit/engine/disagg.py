@@ -1,11 +1,11 @@
 """Prefill/decode disaggregation: two pools of one model on one virtual clock.
 
-A *prefill* pool computes each call's prompt KV and its first token; the call then
-moves to a *decode* pool, which receives that KV over the network (NIXL-like: each GPU
-its own NIC, bandwidth-bound) and generates the rest. Each pool has its own layout
-and size — typically a token-sharded prefill (PCP, DCP) that finishes long prompts
-fast and a paged decode (DP, DEP) that holds many calls' KV. Neither role's steps
-are disturbed by the other's work.
+A *prefill* pool computes each call's prompt KV; the call then moves to a *decode*
+pool, which receives that KV over the network (NIXL-like: each GPU its own NIC,
+bandwidth-bound) and generates the output, its first token included. Each pool has
+its own layout and size — typically a token-sharded prefill (PCP, DCP) that finishes
+long prompts fast and a paged decode (DP, DEP) that holds many calls' KV. Neither
+role's steps are disturbed by the other's work.
 
 `PDEngine` holds `num_prefill` prefill groups and `num_decode` decode groups, each a
 plain `Engine` (its own schedulers, KV managers, data plane), and interleaves their
@@ -13,8 +13,8 @@ events by time. A call goes:
 
 1. **to a prefill group**, prefix-aware: the one whose prefix cache holds the most of
    the prompt (unless loads differ a lot) — so a session's later calls find their
-   context there. It runs as a call with one output token. Its blocks stay held when
-   it finishes: the KV still has to be sent.
+   context there. It runs as a call with one output token, which nobody sees (vLLM's
+   proxy drops it). Its blocks stay held when it finishes: the KV still has to be sent.
 2. **to a decode group**, session-sticky: the group that decoded the session's
    previous call still caches its prompt and output, so only the new part of the
    prompt crosses the network — prefix reuse survives the conversion. The decode
@@ -29,6 +29,12 @@ events by time. A call goes:
    step command; its bytes come back in a report) and the decode side's imports them
    (`ImportKV`), `compute/kv_convert.py` doing the conversion on the planes. Once the
    copy has landed the prefill blocks are released (into the prefill prefix cache).
+4. **The first token is the decode side's.** As in vLLM, the decode group holds all of
+   the prompt but its last token once the KV lands, computes that token in its first
+   step and samples the call's first token there: a P/D call's TTFT runs through the
+   prefill, the transfer, the decode side's lag and one decode step. A model with
+   linear-attention layers prefills all but the last token on the prefill side, so
+   that its recurrent state crosses where the decode side goes on from.
 
 The two layouts must agree on what a KV block is: the same block size and KV dtype
 (see `check_pd_pair`); anything else is converted.
@@ -198,36 +204,37 @@ class PDEngine(Arrivals):
             hits = [max(s.kv.lookup(req).num_tokens for s in e.schedulers) for e in self.prefill]
             g = min(range(len(self.prefill)), key=lambda i: (-hits[i], loads[i]))
         shadow = Request(request_id=req.request_id, session_id=req.session_id,
-                         num_prompt_tokens=req.num_prompt_tokens, max_output_tokens=1,
+                         num_prompt_tokens=self._prefilled_tokens(req), max_output_tokens=1,
                          arrival_s=req.arrival_s, kind=req.kind, parent_id=req.parent_id,
                          priority=req.priority, keys=req.keys, trace=req.trace)
-        shadow.prompt_token_ids = req.prompt_token_ids
+        if req.prompt_token_ids is not None:
+            shadow.prompt_token_ids = req.prompt_token_ids[:shadow.num_prompt_tokens]
         self._shadow[req.request_id] = shadow
         self._prefill_of[req.request_id] = self.prefill[g]
         self.prefill[g].submit(shadow, at=self.now)
 
+    def _prefilled_tokens(self, req: Request) -> int:
+        """How much of the prompt the prefill side computes: all of it, but for a model
+        with linear-attention layers all but the last token (see the module docstring)."""
+        if self.model.linear_layers and req.num_prompt_tokens > 1:
+            return req.num_prompt_tokens - 1
+        return req.num_prompt_tokens
+
     def _prefilled(self, shadow: Request, t: float) -> None:
-        """A prompt is computed and its first token sampled: on to a decode group."""
+        """A prompt is computed (its sampled token is dropped): on to a decode group."""
         req = self.requests[shadow.request_id]
-        req.output_token_ids = list(shadow.output_token_ids)
         req.first_scheduled_s = shadow.first_scheduled_s
-        req.emit(1, shadow.first_token_s)
-        if req.max_output_tokens <= 1:  # nothing left to decode
-            self._release_prefill(req.request_id)
-            self._finish(req, t)
-            return
         g = self._home.get(req.session_id)
         if g is None:
             loads = [self._decode_load(e) for e in self.decode]
             g = self._home[req.session_id] = loads.index(min(loads))
-        arrival, first = req.arrival_s, req.first_token_s
+        arrival = req.arrival_s
         req.forked_tokens = 0  # the prefix comes over the network or from the decode cache
         self._decode_of[req.request_id] = self.decode[g]
         # it reaches the decode group now (`enqueued_s`), a newcomer its scheduler sees as
         # it sees any (async scheduling: from the step after next when busy)...
         self.decode[g].submit(req, at=t)
         req.arrival_s = arrival  # ...the call's own arrival stays, for TTFT and E2EL
-        req.first_token_s = first
 
     @staticmethod
     def _decode_load(group: Engine) -> int:
@@ -242,7 +249,9 @@ class PDEngine(Arrivals):
         shadow = self._shadow.get(req.request_id)
         if shadow is None:
             return None
-        tokens = shadow.num_prompt_tokens
+        # all of the prompt but its last token, which the decode side computes (vLLM's
+        # `_update_waiting_for_remote_kv` takes one token off a fully loaded prompt)
+        tokens = min(shadow.num_prompt_tokens, req.num_prompt_tokens - 1)
         if tokens <= cached:  # the decode group caches it all already
             self._release_prefill(req.request_id)
             return None

@@ -26,14 +26,22 @@ def test_every_call_prefills_then_decodes_with_its_kv_sent_once():
     assert all(r.max_output_tokens == 1 for r in prefill_calls)
     steps = result.steps
     assert set(steps["role"]) == {"prefill", "decode"}
-    assert steps.loc[steps["role"] == "decode", "prefill_tokens"].sum() == 0  # no preemption
+    # the decode side computes one prompt token per call, the last (as vLLM's does)
     assert result.summary["preemptions"] == 0
-    # the first token comes from the prefill side, before the transfer starts
+    started = [r for e in engine.decode for r in e.requests.values() if r.num_output_tokens]
+    assert steps.loc[steps["role"] == "decode", "prefill_tokens"].sum() == len(started)
+    # ...so the first token comes from the decode side, a step after the KV has landed,
+    # and what crosses is the prompt but that token, less what the decode side caches
     by_id = {t["request_id"]: t for t in engine.transfers}
+    decode_steps = steps[steps["role"] == "decode"]
+    step_ends = decode_steps["start_s"] + decode_steps["duration_s"]
     for row in req.itertuples():
         t = by_id[row.request_id]
-        assert row.first_token_s <= t["start_s"] + 1e-12
+        landed = t["start_s"] + t["seconds"]
+        assert row.first_token_s > landed
+        assert (abs(step_ends - row.first_token_s) < 1e-9).any()
         assert t["tokens"] == row.transferred_tokens
+        assert t["tokens"] + t["decode_cached_tokens"] == row.input_tokens - 1
     # the prefill pools hold nothing once the calls' KV has landed on the decode side (a
     # call still on the wire when the run stopped, or not yet admitted there, holds)
     held = [rid for e in engine.prefill for s in e.schedulers for rid in s.kv.tables]
@@ -92,7 +100,8 @@ def test_same_inputs_same_results():
 
 def test_decode_steps_are_not_stalled_by_prefill_chunks():
     """The reason for disaggregation: colocated, decodes share steps with prefill
-    chunks; disaggregated, a decode step is only a decode step. Same 4 GPUs."""
+    chunks; disaggregated, a decode step holds no prompt work but the one token each
+    hand-over recomputes (its last). Same 4 GPUs."""
     trace = small_agentx(8, seed=1)
     colocated = Engine("llama-3.1-8b", "dp2xtp2", "h200").replay(
         trace, concurrency=8, duration_s=60, max_idle_s=0).steps
@@ -100,7 +109,9 @@ def test_decode_steps_are_not_stalled_by_prefill_chunks():
     split = pd_engine.replay(trace, concurrency=8, duration_s=60, max_idle_s=0).steps
     split = split[split["role"] == "decode"]
     col, dec = colocated[colocated["decode_tokens"] > 0], split[split["decode_tokens"] > 0]
-    assert (col["prefill_tokens"] > 0).mean() > 0.02 and (dec["prefill_tokens"] == 0).all()
+    assert (col["prefill_tokens"] > 0).mean() > 0.02
+    assert (dec["prefill_tokens"] == dec["num_prefill_reqs"]).all()
+    assert (col["prefill_tokens"] > 2 * col["num_prefill_reqs"]).any()
     assert dec["duration_s"].quantile(0.99) < 0.5 * col["duration_s"].quantile(0.99)
     assert dec["duration_s"].max() < 0.2 * col["duration_s"].max()
 
@@ -161,3 +172,25 @@ def test_calls_prefilled_in_one_step_spread_over_the_decode_groups():
     served = [sorted(rid for rid in d.requests) for d in engine.decode]
     assert sorted(map(len, served)) == [2, 2], served
     assert all(engine.requests[f"call-{i}"].num_output_tokens == 8 for i in range(4))
+
+
+def test_a_hybrid_models_prefill_stops_a_token_short_and_decode_computes_it():
+    """A recurrent state cannot be rewound by a token: for a model with linear-attention
+    layers the prefill side computes all of the prompt but its last token, the state
+    crosses there, and the decode side computes the last token and samples the first."""
+    engine = PDEngine("kimi-linear-48b-a3b", "tp2", "tp2", "h200")
+    result = engine.replay(small_agentx(4, seed=3), concurrency=4, duration_s=20)
+    done = result.requests[result.requests["completed"]]
+    assert len(done) >= 5
+    shadows = {r.request_id: r for e in engine.prefill for r in e.requests.values()}
+    by_id = {t["request_id"]: t for t in engine.transfers}
+    for row in done.itertuples():
+        assert shadows[row.request_id].num_prompt_tokens == row.input_tokens - 1
+        t = by_id[row.request_id]
+        assert t["tokens"] + t["decode_cached_tokens"] == row.input_tokens - 1
+    # an attention-only model prefills the whole prompt
+    plain = PDEngine("llama-3.1-8b", "tp2", "tp2", "h200")
+    plain.replay(small_agentx(4, seed=3), concurrency=4, duration_s=5)
+    calls = [(r, plain.requests[r.request_id]) for e in plain.prefill
+             for r in e.requests.values()]
+    assert calls and all(s.num_prompt_tokens == r.num_prompt_tokens for s, r in calls)

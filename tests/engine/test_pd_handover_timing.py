@@ -8,7 +8,9 @@ read when that step runs. The worker reports the read done (`get_finished`) at t
 of the step during which it lands, and the scheduler reads that report after it has
 already scheduled the next step: the call computes from the step after that. An idle
 decode engine sees both at once (it polls with empty steps). The prefill blocks stay
-held until the read is done.
+held until the read is done. The read brings all of the prompt but its last token, which
+the call's first decode step computes, sampling the call's first token (the proxy drops
+the prefill side's).
 
 Every step takes 10 ms (`FixedStepCost`), so the decode group's steps start at the
 first call's landing plus multiples of 10 ms."""
@@ -28,9 +30,10 @@ def test_a_hand_over_into_a_busy_decode_group_is_seen_a_step_late_twice(ff):
                       sim_fast_forward=ff)
     p, d = engine.prefill[0], engine.decode[0]
     # A: prefilled in [0, 10 ms]; the idle decode group admits it at once and its KV
-    # lands at land_a; its decode steps then start at land_a + k x 10 ms
+    # (999 tokens: the last is computed there) lands at land_a; its decode steps then
+    # start at land_a + k x 10 ms
     a = Request("a", "sa", 1000, 100, 0.0)
-    land_a = STEP + transfer_seconds(p, d, 1000)
+    land_a = STEP + transfer_seconds(p, d, 999)
     # B arrives while A decodes; the idle prefill group hands it over 10 ms later, at
     # land_a + 34.5 ms: during A's decode step 3 (it starts at land_a + 30 ms)
     b = Request("b", "sb", 200, 10, 0.0)
@@ -44,7 +47,7 @@ def test_a_hand_over_into_a_busy_decode_group_is_seen_a_step_late_twice(ff):
 
     # step 4 was scheduled during step 3, before B came: step 5 admits it, at its start
     # (the old rule, judging B by its call's arrival, admitted it in step 4)
-    seconds = transfer_seconds(p, d, 200)
+    seconds = transfer_seconds(p, d, 199)
     assert seconds < STEP  # it lands during step 5
     engine.run_until(step_start(5) + seconds / 2)
     transfer = engine.transfers[1]
@@ -55,15 +58,14 @@ def test_a_hand_over_into_a_busy_decode_group_is_seen_a_step_late_twice(ff):
     assert "b" in p.schedulers[0].kv.tables
     engine.run_until(land_b + 1e-9)
     assert "b" not in p.schedulers[0].kv.tables
-    # step 6 was scheduled during step 5, before the landing was reported: B decodes
-    # from step 7, and its second token comes at that step's end (the old rule: step 6)
+    # step 6 was scheduled during step 5, before the landing was reported: B computes
+    # its last prompt token in step 7, and its first token comes at that step's end
     engine.run_until(1.5)
     assert b.finished and a.finished
-    assert b.first_token_s == pytest.approx(handed, abs=1e-12)  # the prefill's token
-    second = b.first_token_s + b.itl[0]
-    assert second == pytest.approx(step_start(7) + STEP, abs=1e-9)
-    assert b.itl[1:] == pytest.approx([STEP] * 8, abs=1e-9)
-    assert b.finish_s == pytest.approx(step_start(7) + 9 * STEP, abs=1e-9)
+    assert b.first_token_s == pytest.approx(step_start(7) + STEP, abs=1e-9)
+    assert b.itl == pytest.approx([STEP] * 9, abs=1e-9)
+    assert b.finish_s == pytest.approx(step_start(7) + 10 * STEP, abs=1e-9)
+    assert a.first_token_s == pytest.approx(land_a + STEP, abs=1e-9)
     # and the call keeps its own arrival for TTFT / E2EL
     assert b.arrival_s == arrive_b and b.enqueued_s == handed
 
@@ -76,24 +78,41 @@ def test_an_idle_decode_group_sees_a_hand_over_and_its_landing_at_once():
     engine.submit(a, at=0.0)
     engine.run_until(1.0)
     assert engine.transfers[0]["start_s"] == STEP
-    land = STEP + transfer_seconds(p, d, 1000)
-    assert a.first_token_s == STEP
-    assert a.first_token_s + a.itl[0] == pytest.approx(land + STEP, abs=1e-12)
-    assert a.finish_s == pytest.approx(land + 3 * STEP, abs=1e-9)
+    assert engine.transfers[0]["tokens"] == 999
+    land = STEP + transfer_seconds(p, d, 999)
+    assert a.first_token_s == pytest.approx(land + STEP, abs=1e-12)
+    assert a.itl == pytest.approx([STEP] * 3, abs=1e-12)
+    assert a.finish_s == pytest.approx(land + 4 * STEP, abs=1e-9)
 
 
 def test_without_async_scheduling_the_next_step_sees_both():
     """The same two calls, async scheduling off: B is admitted by the first step that
     starts after it came (step 4) and decodes from the first that starts after its KV
-    landed (step 5)."""
+    landed (step 5), where it computes its last prompt token and samples its first."""
     engine = PDEngine("llama-3.1-8b", "tp1", "tp1", cost_model=FixedStepCost(),
                       async_scheduling=False)
     p, d = engine.prefill[0], engine.decode[0]
-    land_a = STEP + transfer_seconds(p, d, 1000)
+    land_a = STEP + transfer_seconds(p, d, 999)
     a, b = Request("a", "sa", 1000, 100, 0.0), Request("b", "sb", 200, 10, 0.0)
     engine.submit(a, at=0.0)
     engine.submit(b, at=land_a + 0.0245)
     engine.run_until(1.5)
     assert engine.transfers[1]["start_s"] == pytest.approx(land_a + 4 * STEP, abs=1e-12)
-    assert land_a + 4 * STEP + transfer_seconds(p, d, 200) < land_a + 5 * STEP
-    assert b.first_token_s + b.itl[0] == pytest.approx(land_a + 6 * STEP, abs=1e-9)
+    assert land_a + 4 * STEP + transfer_seconds(p, d, 199) < land_a + 5 * STEP
+    assert b.first_token_s == pytest.approx(land_a + 6 * STEP, abs=1e-9)
+
+
+def test_a_one_token_call_still_gets_its_token_from_the_decode_side():
+    """vLLM's proxy sends every call on to decode, even one that wants a single token:
+    the prefill side's token is dropped, so the call's only token comes one decode step
+    after its KV lands."""
+    engine = PDEngine("llama-3.1-8b", "tp1", "tp1", cost_model=FixedStepCost())
+    p, d = engine.prefill[0], engine.decode[0]
+    a = Request("a", "sa", 500, 1, 0.0)
+    engine.submit(a, at=0.0)
+    engine.run_until(1.0)
+    assert a.finished and a.num_output_tokens == 1 and a.itl == []
+    land = STEP + transfer_seconds(p, d, 499)
+    assert a.first_token_s == pytest.approx(land + STEP, abs=1e-12)
+    assert a.finish_s == a.first_token_s
+    assert engine.transfers[0]["tokens"] == 499
