@@ -20,7 +20,11 @@ From the summaries it reads the service metrics (`engine/slo.py`):
   ``throughput_tok_s_per_gpu``, then fewer GPUs, then search order;
 - the **frontier** is the throughput-per-GPU vs interactivity Pareto frontier of every
   point that ran (`frontier.pareto_mask`), the AgentX picture of a deployment's
-  trade-off.
+  trade-off;
+- with a GPU-hour price (``gpu_hour_usd``) each point also gets its cost per million
+  tokens served (``usd_per_m_tokens``, ``usd_per_m_output_tokens``: every GPU paid for
+  the measured window, `engine/slo.py`) — at one price per GPU the cheapest per token
+  is the point with the most throughput per GPU.
 
 A point the engine refuses (a request that cannot fit, a decode layout that splits
 prompts, ...) is kept in the table with ``status = "failed"`` and the reason.
@@ -46,7 +50,8 @@ from labkit.experiments.rate_matching import _warmup, check_run_length
 RANK_BY = ("goodput_req_s_per_gpu", "throughput_tok_s_per_gpu")
 METRICS = ("goodput_req_s_per_gpu", "goodput_req_s", "slo_attainment",
            "throughput_tok_s_per_gpu", "output_tok_s_per_gpu", "interactivity_p90_tok_s",
-           "ttft_p90_s", "tpot_p90_s", "e2el_p90_s", "requests_completed")
+           "ttft_p90_s", "tpot_p90_s", "e2el_p90_s", "requests_completed",
+           "usd_per_m_tokens", "usd_per_m_output_tokens")
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,10 +131,12 @@ def search_space(model, hardware, gpus: int, concurrency=(8,), layouts=None,
 
 # ------------------------------------------------------------------ one point
 def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: float,
-             slo, on_oversize: str = "error", knobs: dict | None = None) -> dict:
+             slo, on_oversize: str = "error", knobs: dict | None = None,
+             gpu_hour_usd: float | None = None) -> dict:
     """Replay `trace` on one deployment (a worker's task); its row of metrics.
     `trace`: a Trace, or a path (loaded once per worker process); `knobs`: engine
-    knobs every deployment shares (e.g. max_model_len)."""
+    knobs every deployment shares (e.g. max_model_len); `gpu_hour_usd`: a price, for
+    the cost columns (NaN without one)."""
     from labkit.engine import Engine
     from labkit.engine.disagg import PDEngine
 
@@ -145,7 +152,8 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
             engine = PDEngine(model, d.prefill_layout, d.layout, hardware, d.num_prefill,
                               d.num_decode, **knobs)
         summary = engine.replay(trace, concurrency=d.concurrency, duration_s=duration_s,
-                                warmup_s=warmup_s, slo=slo, on_oversize=on_oversize).summary
+                                warmup_s=warmup_s, slo=slo, on_oversize=on_oversize,
+                                gpu_hour_usd=gpu_hour_usd).summary
     except ConfigError as err:
         row.update(status="failed", error=str(err))
         summary = {}
@@ -178,14 +186,16 @@ def plan(trace, model, hardware="h200", gpus: int = 8, slo="ttft=2,tpot=0.05",
          long_prefill_token_threshold=(None,), max_groups: int = 2, pd_layouts=None,
          min_attainment: float = 0.9, executor: str = "local", jobs: int = 1,
          ray_address: str | None = None, progress: bool | None = None,
-         on_oversize: str = "error", knobs: dict | None = None) -> PlanResult:
+         on_oversize: str = "error", knobs: dict | None = None,
+         gpu_hour_usd: float | None = None) -> PlanResult:
     """Simulate every point of the search space and rank them (see the module doc).
-    `knobs`: engine knobs all deployments share (``{"max_model_len": 262144}``)."""
+    `knobs`: engine knobs all deployments share (``{"max_model_len": 262144}``);
+    `gpu_hour_usd`: the price of a GPU-hour, for the cost columns."""
     from tqdm.auto import tqdm
 
     from labkit.engine.slo import metric_options
 
-    if not metric_options(slo).slo:
+    if not metric_options(slo, gpu_hour_usd=gpu_hour_usd).slo:
         raise ConfigError("--slo: give at least one SLO, e.g. ttft=2,tpot=0.05")
     checks.number("min_attainment", min_attainment, low=0, high=1)
     checks.integer("jobs", jobs, low=1)
@@ -199,8 +209,8 @@ def plan(trace, model, hardware="h200", gpus: int = 8, slo="ttft=2,tpot=0.05",
     if not space:
         raise ConfigError(f"no layout of {model} on {hardware} fits in {gpus} GPUs")
     warmup = _warmup(duration_s, warmup_s)
-    tasks = [(asdict(d), trace, model, hardware, duration_s, warmup, slo, on_oversize, knobs)
-             for d in space]
+    tasks = [(asdict(d), trace, model, hardware, duration_s, warmup, slo, on_oversize, knobs,
+              gpu_hour_usd) for d in space]
     rows: list[dict | None] = [None] * len(tasks)
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=len(tasks), desc="plan", unit="config", disable=not show) as bar:

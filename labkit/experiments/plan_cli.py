@@ -4,7 +4,7 @@
                 [--concurrency 8,32] [--duration-s S] [--warmup-s S] [--layouts L1,L2]
                 [--no-pd] [--pd-layouts L1,L2] [--max-groups G] [--max-model-len N]
                 [--max-num-batched-tokens 2048,8192] [--long-prefill-token-threshold 0,4096]
-                [--min-attainment 0.9]
+                [--min-attainment 0.9] [--gpu-hour-usd X]
                 [--executor local|ray] [--ray-address ADDR] [--jobs J] [--top K]
                 [--out DIR [--overwrite]]
 
@@ -29,7 +29,7 @@ from labkit.specs.hardware import HARDWARE_PRESETS
 TABLES = ("plan", "best", "frontier")
 SHOWN = ["rank", "config", "gpus", "max_num_batched_tokens", "long_prefill_token_threshold",
          "concurrency", "goodput_req_s_per_gpu", "slo_attainment", "throughput_tok_s_per_gpu",
-         "interactivity_p90_tok_s", "ttft_p90_s", "tpot_p90_s"]
+         "interactivity_p90_tok_s", "ttft_p90_s", "tpot_p90_s", "usd_per_m_tokens"]
 
 
 def add_plan_parser(subparsers) -> None:
@@ -45,6 +45,8 @@ def add_plan_parser(subparsers) -> None:
     p.add_argument("--slo", required=True, help="SLOs in seconds, e.g. ttft=2,tpot=0.05")
     p.add_argument("--min-attainment", type=float, default=0.9,
                    help="share of calls that must meet the SLOs (default 0.9)")
+    p.add_argument("--gpu-hour-usd", type=float, help="price of a GPU-hour: adds each "
+                   "configuration's cost per million tokens (usd_per_m_tokens)")
     p.add_argument("--concurrency", default="8", help="sessions in flight, comma-separated")
     p.add_argument("--duration-s", type=float, default=60.0, help="simulated s per point")
     p.add_argument("--warmup-s", type=float, help="default: a fifth of --duration-s")
@@ -95,7 +97,7 @@ def run_plan_command(args) -> int:
                           min_attainment=args.min_attainment,
                           executor=args.executor, jobs=args.jobs,
                           ray_address=args.ray_address, progress=args.progress,
-                          on_oversize=args.on_oversize)
+                          on_oversize=args.on_oversize, gpu_hour_usd=args.gpu_hour_usd)
             tables = dict(zip(TABLES, (result.results, result.best, result.frontier)))
             if out is not None:
                 out.write(lambda folder: [t.to_parquet(folder / f"{name}.parquet", index=False)

@@ -108,6 +108,7 @@ def test_the_command_prints_and_writes_the_tables(tmp_path, trace, planned, caps
     (["--layouts", "tp3"], "--layouts 'tp3' is not a legal layout of llama-3.1-8b"),
     (["--slo", "ttft=-1"], "ttft=-1"),
     (["--concurrency", "8,x"], "--concurrency '8,x': give integers"),
+    (["--gpu-hour-usd", "-2"], "gpu_hour_usd=-2.0 must be a finite price >= 0"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, extra, message):
     argv = ["plan", "--trace", SMALL_TRACE, "--model", MODEL,
@@ -116,3 +117,31 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, extra, mess
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_price_gives_each_configuration_its_cost_per_million_tokens(trace, capsys, tmp_path):
+    """Every GPU is paid for the measured window, so a point's cost per million tokens
+    is the price per GPU-second over its tokens per GPU-second (an identity of the
+    summary's own figures), and the command prints the column."""
+    price = 3.5
+    result = plan(trace, MODEL, "h200", GPUS, SLO, concurrency=(CONCURRENCY,), duration_s=10.0,
+                  layouts=["tp1", "tp2"], disaggregated=False, progress=False,
+                  gpu_hour_usd=price)
+    rows = result.results
+    assert len(rows) == 2 and (rows["status"] == "ok").all()
+    expected = price / 3600 / rows["throughput_tok_s_per_gpu"] * 1e6
+    assert np.allclose(rows["usd_per_m_tokens"], expected, rtol=1e-12, atol=0)
+    assert (rows["usd_per_m_output_tokens"] > rows["usd_per_m_tokens"]).all()
+    # without a price the columns are there, empty, and not printed
+    unpriced = plan(trace, MODEL, "h200", GPUS, SLO, concurrency=(CONCURRENCY,),
+                    duration_s=10.0, layouts=["tp1"], disaggregated=False, progress=False)
+    assert unpriced.results["usd_per_m_tokens"].isna().all()
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, path)
+    argv = ["plan", "--trace", str(path), "--model", MODEL, "--gpus", str(GPUS), "--slo", SLO,
+            "--concurrency", str(CONCURRENCY), "--duration-s", "10", "--layouts", "tp1",
+            "--no-pd", "--no-progress"]
+    main(argv)
+    assert "usd_per_m_tokens" not in capsys.readouterr().out
+    main([*argv, "--gpu-hour-usd", str(price)])
+    assert "usd_per_m_tokens" in capsys.readouterr().out
