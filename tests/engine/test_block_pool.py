@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.engine.kv.block_pool import BlockPool
+from labkit.engine.kv.key_index import DIRECT_KEYS
 
 
 class NaivePool:
@@ -165,13 +166,18 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
     """Keys from a small range make evicted keys come back, twins in one call, keys
     held elsewhere and blocks re-keyed after reuse (the hypothesis test above draws
     fresh keys). Every lookup path must agree with the reference over the whole key
-    range, after every operation."""
+    range, after every operation. From seed 10 on, the keys mix the index's two homes:
+    small ones (array-indexed), and large and negative ones (a dict)."""
     for seed in range(30):
         rng = np.random.default_rng(seed)
         n = int(rng.integers(4, 24))
         pool, ref = BlockPool(n), NaivePool(n)
         held: list[list[int]] = []
         key_range = int(rng.integers(3, 3 * n))
+        key_of = np.arange(key_range, dtype=np.int64)
+        if seed >= 10:
+            homes = np.array([0, DIRECT_KEYS, -(1 << 40), 1 << 62], dtype=np.int64)
+            key_of = key_of + homes[rng.integers(0, 4, key_range)]
         for _ in range(150):
             op = rng.integers(4)
             if op == 0 and ref.free:
@@ -191,15 +197,14 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
                 held.append(blocks)
             elif held:
                 group = [b for b in held[int(rng.integers(len(held)))] if ref.key[b] is None]
-                keys = rng.integers(0, key_range, len(group)).tolist()
+                keys = key_of[rng.integers(0, key_range, len(group))].tolist()
                 pool.cache_blocks(np.array(group, dtype=np.int32),
                                   np.array(keys, dtype=np.int64))
                 ref.cache(group, keys)
-            every = np.arange(key_range, dtype=np.int64)
-            expect = [ref.cached.get(k, -1) for k in range(key_range)]
-            assert pool.cached_blocks(every).tolist() == expect
-            assert [pool.cached_block(k) for k in range(key_range)] == expect
-            assert dict(pool._cached) == ref.cached and pool.num_cached == len(ref.cached)
-            some = rng.integers(0, key_range, 3).tolist()
+            expect = [ref.cached.get(k, -1) for k in key_of.tolist()]
+            assert pool.cached_blocks(key_of).tolist() == expect
+            assert [pool.cached_block(k) for k in key_of.tolist()] == expect
+            assert pool._cached.as_dict() == ref.cached and pool.num_cached == len(ref.cached)
+            some = key_of[rng.integers(0, key_range, 3)].tolist()
             assert pool.cached_none(some) == all(k not in ref.cached for k in some)
             assert pool.free_order().tolist() == ref.free

@@ -87,7 +87,7 @@ def check_kv(engine: Engine) -> None:
         assert pool.num_free + pool.num_used == pool.num_blocks
         assert pool.num_used == int((pool.ref_count > 0).sum())
         keyed = np.flatnonzero(pool.block_key != NO_KEY)
-        assert sorted(pool._cached.values()) == sorted(keyed.tolist())
+        assert sorted(pool._cached.as_dict().values()) == sorted(keyed.tolist())
         for req in s.running:
             if req.kv_ready_s <= s.now:
                 assert len(kv.table(req.request_id)) * kv.block_size >= req.num_computed_tokens

@@ -31,8 +31,8 @@ def naive_lookup(kv: KVManager, req) -> list[int]:
     limit = min((req.num_tokens - 1) // kv.block_size, req.keys.num_blocks)
     blocks = []
     for j in range(limit):
-        b = kv.pool._cached.get(req.keys.key(j))
-        if b is None:
+        b = kv.pool.cached_block(req.keys.key(j))
+        if b < 0:
             break
         blocks.append(b)
     return blocks
@@ -188,9 +188,10 @@ class KVMachine(RuleBasedStateMachine):
             return
         pool = self.kv.pool
         keyed = np.flatnonzero(pool.block_key != NO_KEY)
-        assert sorted(pool._cached.values()) == sorted(keyed.tolist())
+        index = pool._cached.as_dict()
+        assert sorted(index.values()) == sorted(keyed.tolist())
         for b in keyed.tolist():
-            assert pool._cached[int(pool.block_key[b])] == b
+            assert index[int(pool.block_key[b])] == b
 
     def teardown(self):
         if not hasattr(self, "kv"):

@@ -22,12 +22,11 @@ used has ref count 0, no key and generation 0, which is what an absent entry mea
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
 from labkit.engine.kv.free_queue import EAGER_BLOCKS, FreeBlockQueue, grown
+from labkit.engine.kv.key_index import KeyIndex
 
 NO_KEY = -1
 
@@ -50,7 +49,7 @@ class BlockPool:
         # Registered by a step that has not run yet (same-step prefix hits): hittable
         # on this rank, not yet KV another rank could copy.
         self.pending = np.zeros(size, dtype=bool)
-        self._cached: dict[int, int] = {}  # key -> physical block
+        self._cached = KeyIndex()  # key -> physical block
         self._free = FreeBlockQueue(num_blocks)
         self.now = 0.0  # time stamp for events, set by the owner
 
@@ -96,10 +95,7 @@ class BlockPool:
         if not had_key.any():
             return
         evicted = blocks[had_key]
-        # a C-level loop; `pop` is called without building an argument tuple per key,
-        # unlike `__delitem__` (~50 vs ~75 ns a key)
-        for _ in map(self._cached.pop, keys[had_key].tolist()):
-            pass
+        self._cached.drop(keys[had_key])
         self.block_key[evicted] = NO_KEY
         if self.events.wants(BlocksEvicted):
             self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
@@ -143,17 +139,16 @@ class BlockPool:
         if (self.block_key[blocks] != NO_KEY).any():
             raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
                                f"(writing into a registered block needs a copy first)")
-        # The first block to claim a key keeps it: `setdefault` leaves a key that is
-        # held already (here, or earlier in this call) alone and returns its holder, so
-        # a block got its key exactly where it is returned (one C-level pass; no other
-        # key names these blocks, checked above).
-        block_list = blocks.tolist()
-        holders = list(map(self._cached.setdefault, keys.tolist(), block_list))
-        if holders == block_list:  # the usual case: all new and distinct
+        # The first block to claim a key keeps it: a key that is held already (here, or
+        # earlier in this call) stays with its holder, so a block got its key exactly
+        # where it is its key's holder (no other key names these blocks, checked above).
+        blocks, keys = np.asarray(blocks), np.asarray(keys, dtype=np.int64)
+        holders = self._cached.claim(keys, blocks)
+        if holders is None:  # the usual case: all new and distinct
             fresh, fresh_keys = blocks, keys
         else:
-            claimed = np.array(holders) == np.asarray(blocks)
-            fresh, fresh_keys = np.asarray(blocks)[claimed], np.asarray(keys)[claimed]
+            claimed = holders == blocks
+            fresh, fresh_keys = blocks[claimed], keys[claimed]
         if len(fresh):
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
@@ -164,7 +159,7 @@ class BlockPool:
 
     def cached_none(self, keys: list) -> bool:
         """Is none of these keys cached?"""
-        return self._cached.keys().isdisjoint(keys)
+        return self._cached.none_of(keys)
 
     def written(self, blocks: np.ndarray) -> None:
         """The step computing these blocks has run: their KV exists."""
@@ -172,12 +167,11 @@ class BlockPool:
 
     def cached_block(self, key: int) -> int:
         """The physical block holding `key`, or -1."""
-        return self._cached.get(key, -1)
+        return self._cached.get(key)
 
     def cached_blocks(self, keys: np.ndarray) -> np.ndarray:
-        """The physical block holding each key, or -1 (one C-level pass over the keys)."""
-        return np.fromiter(map(self._cached.get, keys.tolist(), repeat(-1)), dtype=np.int32,
-                           count=len(keys))
+        """The physical block holding each key, or -1 (one gather for trace keys)."""
+        return self._cached.get_many(keys)
 
     def unchanged(self, blocks, generations):
         """Elementwise: is block[i] still the one handed out at generations[i]? False
