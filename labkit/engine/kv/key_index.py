@@ -10,7 +10,7 @@ array directly: one gather or scatter per call, a single memory access per key, 
 object per key.
 
 `KeyIndex` keeps keys in ``[0, DIRECT_KEYS)`` in such an array (`_slot[key]` is the
-block + 1, 0 meaning absent; it grows by doubling to the largest key seen, and its
+block + 1, 0 meaning absent; it grows eightfold to the largest key seen, and its
 zero pages cost no memory until written) and every other key — the chained hashes of
 token-id prompts, derived keys of window pages and state snapshots, salted replays of
 a trace — in a dict. Both answer exactly as one dict would (`tests/engine/
@@ -24,13 +24,15 @@ from itertools import repeat
 import numpy as np
 
 DIRECT_KEYS = 1 << 27  # keys below this are array-indexed (<= 512 MiB, mostly unmapped)
+FIRST_KEYS = 1 << 20  # the array's first size (4 MiB of address space)
 
 
 class KeyIndex:
     __slots__ = ("_slot", "_other", "_direct_count")
 
     def __init__(self) -> None:
-        self._slot = np.zeros(0, dtype=np.int32)  # key -> block + 1 (0: absent)
+        # key -> block + 1 (0: absent); its pages are mapped as they are first written
+        self._slot = np.zeros(FIRST_KEYS, dtype=np.int32)
         self._other: dict[int, int] = {}  # keys outside the array's range
         self._direct_count = 0
 
@@ -50,7 +52,8 @@ class KeyIndex:
         top = int(small.max()) + 1
         if top <= len(self._slot):
             return
-        size = max(1 << (top - 1).bit_length(), 2 * len(self._slot))
+        # growing copies what is held (a scan of the array): eightfold keeps that rare
+        size = max(1 << (top - 1).bit_length(), 8 * len(self._slot))
         slot = np.zeros(min(size, DIRECT_KEYS), dtype=np.int32)
         held = self._slot.nonzero()[0]  # copy only these: the zero pages stay unmapped
         slot[held] = self._slot[held]
