@@ -348,13 +348,14 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
     bounds = sorted({0, min(head, k), first, k})
     parts = []
     for a, b in zip(bounds, bounds[1:]):
-        parts.append(cost_model.step_timing(rows(a, b), lockstep))
+        work = rows(a, b)
+        parts.append(cost_model.step_timing(work, lockstep))
         durations = np.concatenate([p.duration for p in parts])
         # as plan_decode_run finds the steps' ends (same sums, same rounding)
         if b < k and np.concatenate([[now], durations]).cumsum()[-1] >= horizon:
             break
     if len(parts) == 1:
-        return parts[0], rows(0, b)
+        return parts[0], work  # rows(0, b), built once
     timing = type(parts[0])(*(np.concatenate(f) for f in zip(*(_fields(p) for p in parts))))
     return timing, rows(0, b)
 
