@@ -57,7 +57,8 @@ def check_block_sizes(block_size: int, trace_block_size: int) -> None:
 class TraceBlockKeys:
     """Keys of one request's engine blocks, from the trace ids of its context."""
 
-    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks")
+    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks",
+                 "_sub")
 
     def __init__(self, context_ids: np.ndarray, trace_block_size: int, block_size: int,
                  salt: int = 0) -> None:
@@ -68,6 +69,7 @@ class TraceBlockKeys:
         if self._split:
             self._ratio = trace_block_size // block_size
             self.num_blocks = len(self.ids) * self._ratio  # blocks with a defined key
+            self._sub = np.arange(self._ratio)  # a trace block's sub-block numbers
         else:
             self._ratio = block_size // trace_block_size
             self.num_blocks = len(self.ids) // self._ratio
@@ -82,7 +84,7 @@ class TraceBlockKeys:
         r = self._ratio
         if self._split:  # key(j) for j in [start, stop), a trace block's r keys at a time
             lo = start // r
-            keys = (self.ids[lo : -(-stop // r), None] * r + np.arange(r)).ravel()
+            keys = (self.ids[lo : -(-stop // r), None] * r + self._sub).ravel()
             return keys[start - lo * r : stop - lo * r]
         return self.ids[(np.arange(start, stop, dtype=np.int64) + 1) * r - 1]
 
