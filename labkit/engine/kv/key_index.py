@@ -24,7 +24,7 @@ from itertools import repeat
 import numpy as np
 
 DIRECT_KEYS = 1 << 27  # keys below this are array-indexed (<= 512 MiB, mostly unmapped)
-FIRST_KEYS = 1 << 20  # the array's first size (4 MiB of address space)
+FIRST_KEYS = 1 << 12  # the array's first size: small engines stay small
 
 
 class KeyIndex:
