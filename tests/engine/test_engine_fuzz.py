@@ -32,6 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from labkit.engine import Engine
 from labkit.engine.kv.block_pool import NO_KEY
 from labkit.engine.request import Status
+from labkit.errors import ConfigError
 from support import FixedStepCost
 
 VOCAB = 1000
@@ -219,7 +220,12 @@ class EngineMachine(RuleBasedStateMachine):
         prefix = self.prompts[base % len(self.prompts)][:keep] if self.prompts else ()
         tokens = tuple(prefix) + tuple(new)
         self.prompts.append(tokens)
-        self.engine.submit_prompt(list(tokens), max_out, request_id=f"q{len(self.prompts)}")
+        before = len(self.engine.requests)
+        try:
+            self.engine.submit_prompt(list(tokens), max_out, request_id=f"q{len(self.prompts)}")
+        except ConfigError as err:  # a prompt that can never fit is refused, nothing kept
+            assert "KV blocks" in str(err) and len(self.engine.requests) == before
+            self.prompts.pop()
 
     @rule(n=st.integers(1, 6))
     def step(self, n):
