@@ -229,6 +229,25 @@ class DecodeRun:
             r.keys is not None and m < r.keys.num_blocks and r.keys.key(m) == key
             for r in (self.pairs[i][1] for i in rows))
 
+    def starts_as(self, batches) -> bool:
+        """Is step 0 the step the schedulers scheduled (`batches`, one per rank): the
+        same requests in the same order, each with the same tokens over the same
+        context, decode or prefill alike?"""
+        rows = iter(zip(self.pairs, self.new[:, 0].tolist(), self.held[:, 0].tolist(),
+                        self.prefill[:, 0].tolist() if self.prefill is not None
+                        else [False] * len(self.pairs)))
+        for batch in batches:
+            for entry in zip(batch.requests, batch.num_new_tokens, batch.contexts,
+                             batch.is_decode):
+                for (_, req), n, ctx, chunk in rows:
+                    if n:  # (a deferred chunk sits step 0 out)
+                        break
+                else:
+                    return False
+                if req is not entry[0] or (n, ctx, not chunk) != entry[1:]:
+                    return False
+        return not any(n for _, n, _, _ in rows)
+
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
         if steps >= self.steps:
@@ -249,13 +268,16 @@ class DecodeRun:
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
-                    max_steps: int, step_guess_s: float = 0.0) -> DecodeRun | None:
+                    max_steps: int, step_guess_s: float = 0.0,
+                    scheduled: bool = False) -> DecodeRun | None:
     """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
     one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
     step that starts once one of them has landed (that step schedules it).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
-    steps past the horizon is not computed."""
+    steps past the horizon is not computed. `scheduled`: the schedulers have just
+    scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
+    registered, so the run starts with them done (None if step 0 would need more)."""
     pairs, rank_of, landing = [], [], np.inf
     for rank, s in enumerate(schedulers):
         for r in s.running:
@@ -290,6 +312,8 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
             return None  # a window page is shared: its release is not ours to plan
         pages = schedulers[0].kv.window.pages_per_block
         net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
+    if scheduled and calls[:, 0].any():
+        return None  # step 0's KV work is not all done: not the step scheduled
     per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
     fits = (per_rank.cumsum(axis=0) <= free[None, :]).all(axis=1)
@@ -327,7 +351,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     kv_used = used0[None, :] + per_rank[:k].cumsum(axis=0)
     run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                     net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                    chunk_end)
+                    chunk_end, allocated=int(scheduled))
     run.truncate(within)
     return run
 

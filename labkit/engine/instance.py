@@ -99,9 +99,12 @@ class Instance:
             s.visible_until = visible
             s.kv.set_time(now)
         plan = None
-        if self._can_fast_forward() and horizon - now > MIN_RUN_STEPS * self.last_step_s:
-            plan = self._plan_run(now, horizon)
-        plan = plan or self._plan_step(now)
+        if self._can_fast_forward():
+            if horizon - now > MIN_RUN_STEPS * self.last_step_s:
+                plan = self._plan_run(now, horizon)
+            plan = plan or self._plan_step(now)
+        else:  # the step may find the schedulers steady once it has scheduled
+            plan = self._plan_step(now, horizon)
         if plan is not None:
             self.last_step_s = float(plan.timing.duration[-1])
             if self.events.wants(StepStarted):
@@ -140,17 +143,44 @@ class Instance:
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
+    def _run_from_step(self, batches, now: float, horizon: float) -> Plan | None:
+        """The step just scheduled as the first of a fast-forwarded run, or None.
+
+        A step that admits a request (its prefix KV put on the wire, or its first prompt
+        chunk) usually leaves the ranks steady: the run that would be planned when it
+        ends may as well start with it. The scheduler has done step 0's KV work (its
+        blocks allocated, its chunks registered), so the run starts past it; it is
+        taken only if its step 0 is exactly the batches scheduled, nothing preempted,
+        no command waits to ride on the step."""
+        if any(b.preempted for b in batches) or (self.outbox is not None
+                                                  and self.outbox.commands) \
+                or not self._can_fast_forward() \
+                or horizon - now <= MIN_RUN_STEPS * self.last_step_s:
+            return None
+        run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
+                              self.data_plane.cost_model, self.lockstep, now, horizon,
+                              MAX_RUN_STEPS, self.last_step_s, scheduled=True)
+        if run is None or not run.starts_as(batches):
+            return None
+        return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
+
     def next_ready_s(self) -> float | None:
         """The earliest time a request now waiting for fetched KV can run."""
         times = [t for s in self.schedulers if (t := s.next_ready_s()) is not None]
         return min(times) if times else None
 
-    def _plan_step(self, now: float) -> Plan | None:
+    def _plan_step(self, now: float, horizon: float | None = None) -> Plan | None:
+        """One step, scheduled now; with a `horizon`, the first step of a run where the
+        schedulers are steady once it is scheduled (`_run_from_step`)."""
         # the shared step index: prefill_schedule_interval's beat, the same on every rank
         batches = [s.schedule(self.step_index) for s in self.schedulers]
         work = StepWork.from_batches(batches)
         if work.idle.all():
             return None  # nothing can run yet (KV still being fetched); see next_ready_s
+        if horizon is not None:
+            plan = self._run_from_step(batches, now, horizon)
+            if plan is not None:
+                return plan
         out = self.data_plane.execute(step_input(batches, self.schedulers, work, self.lockstep,
                                                  self.outbox, self.data_plane.computes))
         if out.reports:  # about the commands it carried (the offload reads them)

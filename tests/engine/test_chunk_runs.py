@@ -69,11 +69,11 @@ def test_prefill_continuations_are_run_steps(monkeypatch):
     single = Instance._plan_step
     counts = {}
 
-    def counting(self, now):
+    def counting(self, now, *rest):
         s = self.schedulers[0]
         if not len(s.waiting) and any(not r.is_decoding for r in s.running):
             counts[self.config.sim_fast_forward] += 1
-        return single(self, now)
+        return single(self, now, *rest)
 
     monkeypatch.setattr(Instance, "_plan_step", counting)
     for ff in (True, False):

@@ -105,3 +105,72 @@ def test_fast_forward_reports_the_same_request_tokens():
     waited = [r for r in rows[False] if 0 in r[5]]
     assert waited  # some steps ran while a call's KV was on the wire
     assert sorted(rows[True]) == sorted(rows[False])
+
+
+@pytest.mark.parametrize("name", ["dp3 round-robin, KV fetched on moves", "single rank"])
+def test_an_admitting_step_starts_the_run_after_it(name, monkeypatch):
+    """A step that admits a call (its prefix KV put on the wire, or its first prompt
+    chunk) and leaves the ranks steady is the first step of a run, not a single step
+    of its own: fewer single steps, the same replay as without the merge (and as step
+    by step: `test_fast_forward_is_exact`)."""
+    from labkit.engine.instance import Instance
+
+    merge, singles = Instance._run_from_step, {}
+    execute = type(Engine("tiny-llama", "tp1", "h100").data_plane).execute
+
+    def counting(plane, step):
+        singles[mode] += 1
+        return execute(plane, step)
+
+    results = {}
+    for mode in ("merged", "apart"):
+        singles[mode] = 0
+        monkeypatch.setattr(Instance, "_run_from_step", merge if mode == "merged"
+                            else lambda *args: None)
+        monkeypatch.setattr(type(Engine("tiny-llama", "tp1", "h100").data_plane), "execute",
+                            counting)
+        results[mode], _ = replay(True, CONFIGS[name])
+    merged, apart = results["merged"], results["apart"]
+    pd.testing.assert_frame_equal(merged.requests, apart.requests, check_exact=True)
+    pd.testing.assert_frame_equal(merged.steps, apart.steps, check_exact=True)
+    assert singles["merged"] < 0.8 * singles["apart"], singles
+    if name.startswith("dp3"):
+        assert merged.summary["kv_fetched_tokens"] > 0
+
+
+def test_a_run_starts_with_the_scheduled_step_only_if_it_is_that_step(monkeypatch):
+    """`DecodeRun.starts_as`: the run's step 0 must be the scheduled batches exactly —
+    the same requests in the same order, tokens, contexts and kinds."""
+    from labkit.engine.decode_run import DecodeRun
+    from labkit.engine.scheduler import RankBatch
+
+    seen, starts_as = [], DecodeRun.starts_as
+
+    def keep(run, batches):
+        same = starts_as(run, batches)
+        if same and not seen and any(len(b) > 1 for b in batches):
+            seen.append((run, batches))
+        return same
+
+    monkeypatch.setattr(DecodeRun, "starts_as", keep)
+    replay(True, CONFIGS["single rank"])
+    run, batches = seen[0]
+    i = next(i for i, b in enumerate(batches) if len(b) > 1)
+
+    def edited(edit=None):
+        out = [RankBatch(b.rank, list(b.requests), list(b.num_new_tokens), list(b.contexts),
+                         list(b.is_decode)) for b in batches]
+        if edit is not None:
+            edit(out[i])
+        return out
+
+    def bump(column):
+        return lambda b: column(b).__setitem__(0, column(b)[0] + 1)
+
+    assert starts_as(run, edited())
+    assert not starts_as(run, edited(bump(lambda b: b.num_new_tokens)))
+    assert not starts_as(run, edited(bump(lambda b: b.contexts)))
+    assert not starts_as(run, edited(lambda b: b.is_decode.__setitem__(0, not b.is_decode[0])))
+    assert not starts_as(run, edited(lambda b: b.requests.reverse()))
+    assert not starts_as(run, edited(lambda b: b.remove(b.requests[-1])))
+    assert not starts_as(run, edited(lambda b: b.add(b.requests[0], 1, True)))
