@@ -232,21 +232,15 @@ class DecodeRun:
     def starts_as(self, batches) -> bool:
         """Is step 0 the step the schedulers scheduled (`batches`, one per rank): the
         same requests in the same order, each with the same tokens over the same
-        context, decode or prefill alike?"""
-        rows = iter(zip(self.pairs, self.new[:, 0].tolist(), self.held[:, 0].tolist(),
-                        self.prefill[:, 0].tolist() if self.prefill is not None
-                        else [False] * len(self.pairs)))
-        for batch in batches:
-            for entry in zip(batch.requests, batch.num_new_tokens, batch.contexts,
-                             batch.is_decode):
-                for (_, req), n, ctx, chunk in rows:
-                    if n:  # (a deferred chunk sits step 0 out)
-                        break
-                else:
-                    return False
-                if req is not entry[0] or (n, ctx, not chunk) != entry[1:]:
-                    return False
-        return not any(n for _, n, _, _ in rows)
+        context, decode or prefill alike? (A deferred chunk sits step 0 out.)"""
+        chunk = self.prefill[:, 0].tolist() if self.prefill is not None \
+            else [False] * len(self.pairs)
+        ours = [(req, n, ctx, not c) for (_, req), n, ctx, c in zip(
+            self.pairs, self.new[:, 0].tolist(), self.held[:, 0].tolist(), chunk) if n]
+        theirs = [entry for b in batches for entry in zip(
+            b.requests, b.num_new_tokens, b.contexts, b.is_decode)]
+        return len(ours) == len(theirs) and all(
+            a[0] is b[0] and a[1:] == b[1:] for a, b in zip(ours, theirs))
 
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
