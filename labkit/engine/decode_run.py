@@ -32,6 +32,12 @@ request's, as (request, step) arrays of tokens — those with KV before each ste
 those computed in it — from which the allocations, the cost model's rows and the
 playback follow; its chunks' blocks are registered when their step starts, as
 `Scheduler.schedule` registers them, and its steps are played call by call.
+
+A run may also begin with a step the schedulers have just scheduled: one that admits
+a call (its prefix KV put on the wire, or its first prompt chunk) and leaves the ranks
+steady (`Instance._run_from_step`). Its KV work is done then, so the run starts past it
+(`allocated`); it is taken only where its step 0 is exactly the scheduled batches
+(`starts_as`).
 """
 
 from __future__ import annotations
