@@ -135,11 +135,14 @@ class Instance:
         return any(steady) and all(st or not s.has_work()
                                    for st, s in zip(steady, self.schedulers))
 
-    def _plan_run(self, now: float, horizon: float) -> Plan | None:
+    def _plan_run(self, now: float, horizon: float, batches=None) -> Plan | None:
+        """A fast-forwarded run from now; `batches`: its first step, scheduled already
+        (the run is taken only if its step 0 is exactly that step)."""
+        scheduled = batches is not None
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s)
-        if run is None:
+                              MAX_RUN_STEPS, self.last_step_s, scheduled)
+        if run is None or (scheduled and not run.starts_as(batches)):
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
@@ -157,12 +160,7 @@ class Instance:
                 or not self._can_fast_forward() \
                 or horizon - now <= MIN_RUN_STEPS * self.last_step_s:
             return None
-        run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
-                              self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s, scheduled=True)
-        if run is None or not run.starts_as(batches):
-            return None
-        return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
+        return self._plan_run(now, horizon, batches)
 
     def next_ready_s(self) -> float | None:
         """The earliest time a request now waiting for fetched KV can run."""

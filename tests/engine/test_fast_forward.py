@@ -116,7 +116,8 @@ def test_an_admitting_step_starts_the_run_after_it(name, monkeypatch):
     from labkit.engine.instance import Instance
 
     merge, singles = Instance._run_from_step, {}
-    execute = type(Engine("tiny-llama", "tp1", "h100").data_plane).execute
+    plane = type(Engine("tiny-llama", "tp1", "h100").data_plane)
+    execute = plane.execute
 
     def counting(plane, step):
         singles[mode] += 1
@@ -127,8 +128,7 @@ def test_an_admitting_step_starts_the_run_after_it(name, monkeypatch):
         singles[mode] = 0
         monkeypatch.setattr(Instance, "_run_from_step", merge if mode == "merged"
                             else lambda *args: None)
-        monkeypatch.setattr(type(Engine("tiny-llama", "tp1", "h100").data_plane), "execute",
-                            counting)
+        monkeypatch.setattr(plane, "execute", counting)
         results[mode], _ = replay(True, CONFIGS[name])
     merged, apart = results["merged"], results["apart"]
     pd.testing.assert_frame_equal(merged.requests, apart.requests, check_exact=True)
