@@ -221,27 +221,34 @@ class Instance:
         return finished
 
     def sync(self, t: float, cut: bool = True) -> bool:
-        """Someone looks at this instance at time t (an arrival is being routed). If
-        a fast-forwarded run is under way, play it up to t — the steps begun before t
-        have allocated, those ended before t have emitted — and, if `cut`, cut it after
-        the step in progress (a newcomer, arrived at t, may join the next step). Returns
-        True if the plan's end moved."""
+        """Someone looks at this instance at time t. If a fast-forwarded run is under
+        way: with `cut` (an arrival joins this instance), cut it after the step in
+        progress, so the newcomer may join the next step; without (a router or another
+        rank reads it), play it up to t — the steps begun before t have allocated,
+        those ended before t have emitted. Returns True if the plan's end moved.
+
+        A cut plays nothing: until the cut run ends nobody reads this instance's KV or
+        requests but through a sync or `lookup_at`, which play first, and the newcomer
+        is scheduled after it; the commit then plays the run in one go, the same work
+        in the same order as playing up to t now and the rest later."""
         plan = self.plan
         if plan is None or plan.run is None or t >= plan.end:
             return False
         run = plan.run
         started = max(1, int(run.start.searchsorted(t, side="left")))
+        if cut:
+            keep = started + self._hides(run, started, t)
+            if keep >= run.steps:
+                return False
+            run.truncate(keep)
+            plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
+            plan.end, plan.finishes = run.end, run.finishes
+            return True
         ended = int(run.ends.searchsorted(t, side="left"))
         first = run.committed
         if run.play(started, ended):
             raise RuntimeError("a request finished inside a fast-forwarded run")
         self._emit_steps(plan, first, ended)
-        keep = started + self._hides(run, started, t)
-        if cut and keep < run.steps:
-            run.truncate(keep)
-            plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
-            plan.end, plan.finishes = run.end, run.finishes
-            return True
         return False
 
     def lookup_at(self, scheduler, req, now: float):
