@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.chunk_run import plan_tokens
+from labkit.engine.chunk_run import RunTokens, plan_tokens
 from labkit.engine.events import FirstToken
 from labkit.engine.kv.batch_play import play_run_in_batches
 from labkit.engine.step_work import StepWork, rank_sums
@@ -248,6 +248,16 @@ class DecodeRun:
         return len(ours) == len(theirs) and all(
             a[0] is b[0] and a[1:] == b[1:] for a, b in zip(ours, theirs))
 
+    def rest(self, steps: int, step_index: int) -> RunRest | None:
+        """What the run planned after its first `steps` steps (before they are cut off,
+        `truncate`), for the run that may take over there (`RunRest`); None where that
+        part was not planned as decodes alone. `step_index`: the index of step `steps`."""
+        if self.prefill is not None or steps >= self.steps:
+            return None
+        return RunRest(step_index, self.start[steps:], _rows(self.timing, steps),
+                       self.work.rows(steps, self.steps), self.held[:, steps:],
+                       self.new[:, steps:], [r for _, r in self.pairs], self.finishes)
+
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
         if steps >= self.steps:
@@ -266,10 +276,38 @@ class DecodeRun:
         self.finishes = False
 
 
+@dataclass(slots=True)
+class RunRest:
+    """The steps a run had planned past the point where an arrival cut it: its
+    requests' tokens, the steps' work and what they cost. A newcomer whose prefix KV
+    goes on the wire sits out until it lands, so the run that starts where the cut one
+    ended usually has the same requests, decoding as planned: it takes these steps as
+    they are (a step's cost depends on its own row of work alone, and its end is the
+    same running sum of durations) and only redoes what the admission changed — the
+    blocks free, the landing it must end before (`plan_decode_run`)."""
+    step_index: int  # the index of its first step
+    start: np.ndarray  # (k,) step start times
+    timing: object
+    work: StepWork
+    held: np.ndarray  # (n, k+1)
+    new: np.ndarray  # (n, k)
+    requests: list  # in the run's order
+    finishes: bool
+
+    def continues(self, pairs, step_index: int, now: float) -> bool:
+        """Is this where the run of `pairs` planned at `now`, step `step_index`, starts:
+        the same requests, in the same order, each holding the tokens planned?"""
+        return (step_index == self.step_index and now == float(self.start[0])
+                and len(pairs) == len(self.requests)
+                and all(r is mine for (_, r), mine in zip(pairs, self.requests))
+                and all(r.num_computed_tokens == n
+                        for (_, r), n in zip(pairs, self.held[:, 0].tolist())))
+
+
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int, step_guess_s: float = 0.0,
-                    scheduled: bool = False) -> DecodeRun | None:
+                    scheduled: bool = False, rest: RunRest | None = None) -> DecodeRun | None:
     """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
     one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
@@ -277,7 +315,8 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
     steps past the horizon is not computed. `scheduled`: the schedulers have just
     scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
-    registered, so the run starts with them done (None if step 0 would need more)."""
+    registered, so the run starts with them done (None if step 0 would need more).
+    `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit."""
     pairs, rank_of, landing = [], [], np.inf
     for rank, s in enumerate(schedulers):
         for r in s.running:
@@ -291,8 +330,13 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
     width = config.tokens_per_decode_step
-    cum = accepted_before(step_index, max_steps, acceptance)
-    tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
+    priced = None  # (timing, work) of the steps, when a cut run's rest gives them
+    if rest is not None and rest.continues(pairs, step_index, now):
+        tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes)
+        priced = rest.timing, rest.work
+    else:
+        cum = accepted_before(step_index, max_steps, acceptance)
+        tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
     if tokens is None or (tokens.prefill is not None
                           and not getattr(cost_model, "prices_chunk_rows", True)):
         return None
@@ -330,7 +374,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
 
     # Cost of each step, then cut before the first step ending at or after the horizon.
     ranks = len(schedulers)
-    if tokens.prefill is None:
+    if priced is not None:
+        timing, work = _head(priced[0], k), priced[1].head(k)
+    elif tokens.prefill is None:
         counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
         base = rank_sums(held[:, 0], rank_of, ranks)
 
@@ -339,8 +385,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     else:
         whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
         rows = whole.rows
-    timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon, step_guess_s,
-                                chunk_end)
+    if priced is None:
+        timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
+                                    step_guess_s, chunk_end)
     ends = np.concatenate([[now], timing.duration]).cumsum()[1:]
     within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
     start = np.concatenate([[now], ends[:-1]])
@@ -423,3 +470,8 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
 def _head(timing, k: int):
     """The first k steps of a StepTiming."""
     return type(timing)(*(a[:k] for a in _fields(timing)))
+
+
+def _rows(timing, start: int):
+    """The steps of a StepTiming from `start` on."""
+    return type(timing)(*(a[start:] for a in _fields(timing)))

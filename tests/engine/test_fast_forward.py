@@ -138,6 +138,41 @@ def test_an_admitting_step_starts_the_run_after_it(name, monkeypatch):
         assert merged.summary["kv_fetched_tokens"] > 0
 
 
+def test_a_cut_run_goes_on_with_the_steps_it_planned(monkeypatch):
+    """An arrival cuts a run; when the newcomer's prefix KV goes on the wire, the run
+    after the cut has the same requests decoding as planned and takes the cut run's
+    remaining steps and costs as they are (`RunRest`). The replay is the same as with
+    every run planned afresh, and as step by step."""
+    from labkit import generate_agentx_trace
+    from labkit.engine.decode_run import DecodeRun, RunRest
+
+    trace = generate_agentx_trace(40, seed=11, context_window_tokens=200_000,
+                                  compact_threshold_tokens=167_000)
+    taken, continues, rest = [], RunRest.continues, DecodeRun.rest
+
+    def counting(self, *args):
+        went_on = continues(self, *args)
+        taken.append(went_on)
+        return went_on
+
+    def run(duration_s: float, mode: str):
+        monkeypatch.setattr(DecodeRun, "rest", rest if mode == "rest" else
+                            lambda *args: None)
+        engine = Engine("qwen3-30b-a3b", "dp4", "h200", max_model_len=262144,
+                        sim_fast_forward=mode != "step by step")
+        return engine.replay(trace, concurrency=16, duration_s=duration_s,
+                             start_part_way=False)
+
+    monkeypatch.setattr(RunRest, "continues", counting)
+    for duration_s, modes in ((120.0, ("rest", "afresh")), (30.0, ("rest", "step by step"))):
+        taken.clear()
+        ours, theirs = (run(duration_s, mode) for mode in modes)
+        pd.testing.assert_frame_equal(ours.requests, theirs.requests, check_exact=True)
+        pd.testing.assert_frame_equal(ours.steps, theirs.steps, check_exact=True)
+        assert ours.summary["kv_fetched_tokens"] > 0
+        assert sum(taken) >= (25 if duration_s > 60 else 8), (duration_s, sum(taken))
+
+
 def test_a_run_starts_with_the_scheduled_step_only_if_it_is_that_step(monkeypatch):
     """`DecodeRun.starts_as`: the run's step 0 must be the scheduled batches exactly —
     the same requests in the same order, tokens, contexts and kinds."""
