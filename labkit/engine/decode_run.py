@@ -225,8 +225,7 @@ class DecodeRun:
         pool, m = scheduler.kv.pool, len(match.blocks)
         started = max(1, int(self.start.searchsorted(now, side="left")))
         taken = int(self.new_blocks[rows, self.allocated : started].sum())
-        if taken and m and np.isin(pool.next_to_evict(taken), match.blocks,
-                                   kind="table").any():
+        if taken and m and pool.would_take_any(taken, match.blocks):
             return True
         if m >= req.keys.num_blocks:
             return False

@@ -114,6 +114,10 @@ def check_against_reference(operations, num_blocks, lazy=False):
         assert pool.free_order().tolist() == ref.free
         # what the next allocations would take, seen without taking it
         assert pool.next_to_evict(size + pick % 7).tolist() == ref.free[: size + pick % 7]
+        # ...and whether it would take one of some blocks handed out (cached, or held)
+        some = sorted(ref.cached.values())[pick % 3 :: 2] + [g[0] for g in held[:2] if g]
+        assert pool.would_take_any(size + pick % 7, np.array(some, dtype=np.int32)) == \
+            bool(set(ref.free[: size + pick % 7]) & set(some))
         assert pool.free_order().tolist() == ref.free
         refs = pool.ref_count.tolist()
         if lazy:  # blocks past the arrays were never used: ref count 0
