@@ -463,6 +463,7 @@ def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: in
         decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
         idle=(counts == 0)[None, :].repeat(k, axis=0),
         decode_context=ctx,
+        same_counts=True,
     )
 
 

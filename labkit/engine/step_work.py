@@ -36,6 +36,10 @@ class StepWork:
     # can price each chunk's attention on its own shape (step: the row it belongs to)
     prefill_chunks: tuple | None = None
     chunk_share: object = 1.0  # a micro-batch carries 1 / chunk_share of those chunks
+    # every step (row) has the same counts — tokens and requests of each kind, idle —
+    # as a run of decodes has (`decode_run.decode_work`): a cost model may price them
+    # once (False: not known)
+    same_counts: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_context is None:
@@ -101,7 +105,8 @@ class StepWork:
             keep = (chunks[3] >= start) & (chunks[3] < stop)
             chunks = (*(c[keep] for c in chunks[:3]), chunks[3][keep] - start)
         return StepWork(*(getattr(self, f)[start:stop] for f in StepWork.__slots__[:9]),
-                        prefill_chunks=chunks, chunk_share=self.chunk_share)
+                        prefill_chunks=chunks, chunk_share=self.chunk_share,
+                        same_counts=self.same_counts)
 
     def head(self, k: int) -> StepWork:
         """The first k steps."""

@@ -173,14 +173,15 @@ class LayerStepModel:
         """The token counts of the step, which is all the memoised pieces read: for a
         run whose steps all see the same counts, one (1, ranks) row of them, so the
         pieces are computed (and remembered) for one step and the sums they enter
-        broadcast them to the run's k steps (`memo.same_rows`). One rank's row is five
+        broadcast them to the run's k steps (`memo.same_rows` tells, unless the work
+        says so itself: `StepWork.same_counts`, a run of decodes). One rank's row is five
         numbers: the pieces then run on numpy scalars, whose arithmetic is the same
         IEEE arithmetic at a tenth of the cost of 1x1 arrays (lockstep ranks and
         pipeline stages sum over the rank axis: they keep it). Without the memo, the
         whole arrays (`labkit bench sim` compares the two)."""
         counts = (work.prefill_tokens, work.decode_tokens, work.num_prefill_reqs,
                   work.num_decode_reqs, work.idle)
-        if self.memo is no_memo or not same_rows(counts):
+        if self.memo is no_memo or not (work.same_counts or same_rows(counts)):
             return _Counts(*counts)
         if counts[0].shape[1] == 1 and not lockstep and self.layout.pp == 1:
             return _Counts(*(c[0, 0] for c in counts))
