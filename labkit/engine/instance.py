@@ -36,7 +36,9 @@ from labkit.engine.kv.batch_play import plays_in_batches
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.engine.step_message import Outbox, step_input
 
-MAX_RUN_STEPS = 512
+# a run plans at most this many steps (an arrival usually cuts it sooner; on the fast
+# workload of `labkit bench sim` 1024 runs ~4 % faster than 512 or 1536)
+MAX_RUN_STEPS = 1024
 MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
 
 
