@@ -37,7 +37,9 @@ A run may also begin with a step the schedulers have just scheduled: one that ad
 a call (its prefix KV put on the wire, or its first prompt chunk) and leaves the ranks
 steady (`Instance._run_from_step`). Its KV work is done then, so the run starts past it
 (`allocated`); it is taken only where its step 0 is exactly the scheduled batches
-(`starts_as`).
+(`starts_as`). When an arrival cut the run before it and the newcomer's prefix KV went
+on the wire, the new run has the same requests decoding as the cut one had planned:
+it takes over the steps planned past the cut, costs included (`RunRest`).
 """
 
 from __future__ import annotations
