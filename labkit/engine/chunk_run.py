@@ -108,9 +108,10 @@ def _chunks(scheduler, req, rank_decodes: int, step_index: int, cum, config,
     # the steps off the prefill_schedule_interval beat defer it (when someone decodes)
     index = step_index + np.arange(max_steps, dtype=np.int64)
     active = (index % config.prefill_schedule_interval == 0) | (rank_decodes == 0)
-    sizes = np.minimum(np.cumsum(np.where(active, share, 0)), pending)
-    last = int(np.searchsorted(sizes, pending, side="left"))  # the step that ends it
-    sizes = np.diff(sizes, prepend=0)
+    done = np.minimum(np.cumsum(np.where(active, share, 0)), pending)  # by step j's end
+    last = int(np.searchsorted(done, pending, side="left"))  # the step that ends it
+    sizes = done.copy()
+    sizes[1:] -= done[:-1]
     # decoding itself from then on: the budget must cover every decode of the rank
     after = max_steps if (rank_decodes + 1) * width <= budget else last + 1
     return sizes, last, after

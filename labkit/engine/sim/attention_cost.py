@@ -189,7 +189,7 @@ def sum_chunks(work: StepWork, seconds) -> np.ndarray:
     steps, ranks = work.prefill_tokens.shape
     # bincount adds the chunks in order into zeros, as np.add.at would, in one C loop
     if np.shape(seconds) != rank.shape:
-        seconds = np.broadcast_to(seconds, rank.shape)
+        seconds = np.full(rank.shape, seconds)
     per_row = np.bincount(step * ranks + rank, weights=seconds, minlength=steps * ranks)
     per_row = per_row.reshape(steps, ranks)
     share = work.chunk_share  # (a number, or per rank for pipeline micro-batches)

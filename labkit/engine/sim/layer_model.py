@@ -406,9 +406,9 @@ def _full(x, shape) -> np.ndarray:
     are new arrays, never the memo's)."""
     if type(x) is np.ndarray and x.shape == shape and x.dtype == np.float64:
         return x
-    if type(x) is float or type(x) is np.float64:  # no collectives (0.0), or one number
-        return np.full(shape, x)
-    return np.broadcast_to(x, shape).astype(float)
+    out = np.empty(shape)  # (filled by broadcasting, as np.full does a number)
+    out[...] = x
+    return out
 
 
 def _prefill_prefix(work: StepWork):
