@@ -3,8 +3,8 @@
 Most steps of an agentic replay are alike: every running request decodes, nobody
 waits, nothing is admitted. Until a request finishes or a new one arrives, each such
 step has the same shape; only the contexts grow by the tokens accepted. Simulating
-them one by one costs Python work per request per step; a `DecodeRun` plans k of them
-at once with numpy:
+them one by one costs Python work per request per step; a `DecodeRun` holds k of them
+planned at once with numpy (`run_plan.py`):
 
 - accepted tokens per step follow the instance's deterministic acceptance counter,
   the same for every request in a step, so after j steps each request has gained
@@ -16,14 +16,15 @@ at once with numpy:
 
 A run is then *played back* lazily, exactly as step-by-step simulation would have
 done it: the allocations of step j happen when step j starts, its tokens are emitted
-(and full blocks cached) when it ends. Whatever looks at the engine in the middle of
-a run — an arrival being routed — first calls `sync(t)`, which plays the run up to t
-and cuts it after the step in progress, so the newcomer is scheduled in the next step
-just as it would have been. The run also stops at the first step that finishes a
-request, before the next known arrival, and where the pool would run out of blocks.
-A rank's KV work in a playback is done in one batch where that is exact
-(`kv/batch_play.py`). A fast-forwarded replay is identical to a step-by-step one, bit
-for bit; `tests/engine/test_fast_forward.py` checks exactly that.
+(and full blocks cached) when it ends. An arrival that joins the instance cuts the
+run after the step in progress (`Instance.sync`), so the newcomer is scheduled in
+the next step just as it would have been; whatever reads the engine's KV in the
+middle of a run (another rank fetching from it, a router reading progress) first
+plays it up to then. The run also stops at the first step that finishes a request
+and where the pool would run out of blocks. A rank's KV work in a playback is done
+in one batch where that is exact (`kv/batch_play.py`). A fast-forwarded replay is
+identical to a step-by-step one, bit for bit; `tests/engine/test_fast_forward.py`
+checks exactly that.
 
 A run may also carry a long prompt's **prefill chunks** (`chunk_run.py`): per rank one
 request still computing its prompt, chunk by chunk, until the step that ends it emits
@@ -48,18 +49,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.chunk_run import RunTokens, plan_tokens
 from labkit.engine.events import FirstToken
 from labkit.engine.kv.batch_play import play_run_in_batches
-from labkit.engine.step_work import StepWork, rank_sums
-
-
-def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
-    """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
-    p, q = acceptance.numerator, acceptance.denominator
-    x = np.arange(step_index, step_index + steps + 1, dtype=np.int64)
-    total = (x * p) // q
-    return total - total[0]
+from labkit.engine.step_work import StepWork
 
 
 @dataclass(slots=True)
@@ -255,7 +247,7 @@ class DecodeRun:
         part was not planned as decodes alone. `step_index`: the index of step `steps`."""
         if self.prefill is not None or steps >= self.steps:
             return None
-        return RunRest(step_index, self.start[steps:], _rows(self.timing, steps),
+        return RunRest(step_index, self.start[steps:], self.timing.rows(steps),
                        self.work.rows(steps, self.steps), self.held[:, steps:],
                        self.new[:, steps:], [r for _, r in self.pairs], self.finishes)
 
@@ -264,7 +256,7 @@ class DecodeRun:
         if steps >= self.steps:
             return
         self.start = self.start[:steps]
-        self.timing = _head(self.timing, steps)
+        self.timing = self.timing.head(steps)
         self.work = self.work.head(steps)
         self.kv_used = self.kv_used[:steps]
         self.new_blocks = self.new_blocks[:, :steps]
@@ -303,177 +295,3 @@ class RunRest:
                 and all(r is mine for (_, r), mine in zip(pairs, self.requests))
                 and all(r.num_computed_tokens == n
                         for (_, r), n in zip(pairs, self.held[:, 0].tolist())))
-
-
-def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
-                    lockstep: bool, now: float, horizon: float,
-                    max_steps: int, step_guess_s: float = 0.0,
-                    scheduled: bool = False, rest: RunRest | None = None) -> DecodeRun | None:
-    """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
-    one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
-    whose prefix KV is still on the wire sit the run out; it ends before the first
-    step that starts once one of them has landed (that step schedules it).
-    `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
-    steps past the horizon is not computed. `scheduled`: the schedulers have just
-    scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
-    registered, so the run starts with them done (None if step 0 would need more).
-    `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit."""
-    pairs, rank_of, landing = [], [], np.inf
-    for rank, s in enumerate(schedulers):
-        for r in s.running:
-            if s.on_the_wire(r):
-                landing = min(landing, r.kv_ready_s)
-            else:
-                pairs.append((s, r))
-                rank_of.append(rank)
-    if not pairs:
-        return None
-    if any(s.kv.tail_is_shared(r) for s, r in pairs):
-        return None  # a copy-on-write is due: let a normal step do it
-    width = config.tokens_per_decode_step
-    priced = None  # (timing, work) of the steps, when a cut run's rest gives them
-    if rest is not None and rest.continues(pairs, step_index, now):
-        tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes)
-        priced = rest.timing, rest.work
-    else:
-        cum = accepted_before(step_index, max_steps, acceptance)
-        tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
-    if tokens is None or (tokens.prefill is not None
-                          and not getattr(cost_model, "prices_chunk_rows", True)):
-        return None
-    k, finishes = tokens.steps, tokens.finishes
-    held, new = tokens.held, tokens.new
-
-    # Blocks each request must hold during step j: its slots are held + new tokens.
-    have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
-    block_size = schedulers[0].kv.block_size
-    need = np.where(new > 0, -(-(held[:, :k] + new) // block_size), 0)  # (n, k)
-    blocks = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-    net = blocks - np.concatenate([have[:, None], blocks[:, :-1]], axis=1)  # (n, k)
-    calls = net > 0
-    if schedulers[0].kv.window is not None:
-        slid = _window_slides(pairs, held[:, :k])
-        if slid is None:
-            return None  # a window page is shared: its release is not ours to plan
-        pages = schedulers[0].kv.window.pages_per_block
-        net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
-    if scheduled and calls[:, 0].any():
-        return None  # step 0's KV work is not all done: not the step scheduled
-    per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
-    free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
-    fits = (per_rank.cumsum(axis=0) <= free[None, :]).all(axis=1)
-    if not fits.all():
-        k, finishes = int(fits.argmin()), False
-        if k < 1:
-            return None
-
-    prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
-    if tokens.prefill is not None:
-        prefill = tokens.prefill[:, :k]
-        busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
-        chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
-
-    # Cost of each step, then cut before the first step ending at or after the horizon.
-    ranks = len(schedulers)
-    if priced is not None:
-        timing, work = _head(priced[0], k), priced[1].head(k)
-    elif tokens.prefill is None:
-        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
-        base = rank_sums(held[:, 0], rank_of, ranks)
-
-        def rows(a: int, b: int) -> StepWork:
-            return decode_work(counts, base, cum[a:b], width)
-    else:
-        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
-        rows = whole.rows
-    if priced is None:
-        timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
-                                    step_guess_s, chunk_end)
-    ends = np.concatenate([[now], timing.duration]).cumsum()[1:]
-    within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
-    start = np.concatenate([[now], ends[:-1]])
-    within = min(within, int(start.searchsorted(landing, side="left")))
-    if within < 1:
-        return None
-    used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
-    kv_used = used0[None, :] + per_rank[:k].cumsum(axis=0)
-    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
-                    net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                    chunk_end, allocated=int(scheduled))
-    run.truncate(within)
-    return run
-
-
-def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
-                 step_guess_s: float, head: int = 0):
-    """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
-    a first part of them that ends at or after the horizon (what lies beyond is cut
-    from the run anyway), and the StepWork of the steps costed. The part is sized from
-    a recent step's duration; if it falls short of the horizon, the rest is costed too.
-    The first `head` steps (those with prefill chunks) are costed on their own: the
-    decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
-    memo). A step's cost depends on its own row of the work alone, so the parts are
-    the rows of the whole."""
-    first = k
-    if step_guess_s > 0 and np.isfinite(horizon):
-        first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    bounds = sorted({0, min(head, k), first, k})
-    parts = []
-    for a, b in zip(bounds, bounds[1:]):
-        work = rows(a, b)
-        parts.append(cost_model.step_timing(work, lockstep))
-        durations = np.concatenate([p.duration for p in parts])
-        # as plan_decode_run finds the steps' ends (same sums, same rounding)
-        if b < k and np.concatenate([[now], durations]).cumsum()[-1] >= horizon:
-            break
-    if len(parts) == 1:
-        return parts[0], work  # rows(0, b), built once
-    timing = type(parts[0])(*(np.concatenate(f) for f in zip(*(_fields(p) for p in parts))))
-    return timing, rows(0, b)
-
-
-def _fields(timing) -> tuple:
-    return (timing.busy, timing.compute, timing.comm, timing.duration,
-            timing.temporary_kv_bytes)
-
-
-def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
-    """(n, k) logical blocks whose window pages request i frees when step j starts
-    (`computed[i, j]` tokens by then); None if a window page is shared, as then
-    freeing it may not return it to the pool."""
-    window = pairs[0][0].kv.window
-    tables = [window.tables[r.request_id] for _, r in pairs]
-    if any((window.pool.ref_count[t.live()] > 1).any() for t in tables):
-        return None
-    live = np.array([t.first_live for t in tables], dtype=np.int64)[:, None]
-    first = np.maximum(np.maximum(0, computed - window.window + 1) // window.block_size, live)
-    return np.diff(np.concatenate([live, first], axis=1), axis=1)
-
-
-def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:
-    """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
-    ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
-    zeros = np.zeros(ctx.shape, dtype=ctx.dtype)
-    k = len(cum)
-    return StepWork(
-        prefill_tokens=zeros,
-        decode_tokens=(counts * width)[None, :].repeat(k, axis=0),
-        num_prefill_reqs=zeros,
-        num_decode_reqs=counts[None, :].repeat(k, axis=0),
-        kv_read_tokens=ctx + counts[None, :] * width,
-        prefill_pairs=zeros,
-        decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
-        idle=(counts == 0)[None, :].repeat(k, axis=0),
-        decode_context=ctx,
-        same_counts=True,
-    )
-
-
-def _head(timing, k: int):
-    """The first k steps of a StepTiming."""
-    return type(timing)(*(a[:k] for a in _fields(timing)))
-
-
-def _rows(timing, start: int):
-    """The steps of a StepTiming from `start` on."""
-    return type(timing)(*(a[start:] for a in _fields(timing)))

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from labkit.engine.decode_run import DecodeRun, accepted_before, plan_decode_run
+from labkit.engine.decode_run import DecodeRun
+from labkit.engine.run_plan import accepted_before, plan_decode_run
 from labkit.engine.events import EventBus, RequestTokens, StepsCompleted, StepStarted
 from labkit.engine.kv.batch_play import plays_in_batches
 from labkit.engine.step_work import StepTiming, StepWork

@@ -37,7 +37,7 @@ class StepWork:
     prefill_chunks: tuple | None = None
     chunk_share: object = 1.0  # a micro-batch carries 1 / chunk_share of those chunks
     # every step (row) has the same counts — tokens and requests of each kind, idle —
-    # as a run of decodes has (`decode_run.decode_work`): a cost model may price them
+    # as a run of decodes has (`run_plan.decode_work`): a cost model may price them
     # once (False: not known)
     same_counts: bool = False
 
@@ -138,3 +138,20 @@ class StepTiming:
     @property
     def stall(self) -> np.ndarray:
         return self.duration[:, None] - self.busy
+
+    def rows(self, start: int, stop: int | None = None) -> StepTiming:
+        """Steps [start, stop) (to the last when stop is None)."""
+        return type(self)(*(a[start:stop] for a in self._arrays()))
+
+    def head(self, k: int) -> StepTiming:
+        """The first k steps."""
+        return self.rows(0, k)
+
+    @staticmethod
+    def joined(parts: list) -> StepTiming:
+        """Consecutive steps' timings, one after another."""
+        arrays = zip(*(p._arrays() for p in parts))
+        return type(parts[0])(*(np.concatenate(a) for a in arrays))
+
+    def _arrays(self) -> tuple:
+        return self.busy, self.compute, self.comm, self.duration, self.temporary_kv_bytes

@@ -245,7 +245,7 @@ def _all_full():
 
 
 def _decode_step_s(engine, requests, ctx):
-    from labkit.engine.decode_run import decode_work
+    from labkit.engine.run_plan import decode_work
 
     work = decode_work(np.array([requests]), np.array([requests * ctx]), np.array([0]), 1)
     return float(engine.cost_model.step_timing(work, False).duration[0])

@@ -1,0 +1,197 @@
+"""Planning a fast-forwarded run: its steps, their tokens, costs and blocks.
+
+`plan_decode_run` looks at the instance's schedulers when a run may start (every rank
+steady: `Instance._can_fast_forward`, or the step just scheduled leaves them so) and
+plans up to `MAX_RUN_STEPS` steps at once, as (request, step) and (step, rank) arrays:
+
+1. the tokens — each request holds ``cum[j]`` more after j steps (the deterministic
+   acceptance counter, `accepted_before`), a prompt continued chunk by chunk takes
+   what the budget leaves (`chunk_run.plan_tokens`); the run ends at the first step
+   that finishes a request;
+2. the blocks — where each request's slots cross a block boundary, and, for
+   sliding-window layers, the pages freed as the window passes one; the run ends
+   before the pool would run out;
+3. the costs — one vectorised call of the cost model on the steps' work
+   (`decode_work` for decodes alone, whose rows share their counts), priced only as
+   far as the horizon needs (`_step_timing`); the run ends before the horizon, and
+   before the first step that starts once a prefix on the wire has landed.
+
+What it returns is a `DecodeRun` (`decode_run.py`), which plays the plan back. A run
+an arrival cut leaves what it had planned past the cut (`RunRest`); the next run
+takes it where it continues exactly, and redoes only steps 2 and 3's bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from labkit.engine.chunk_run import RunTokens, plan_tokens
+from labkit.engine.decode_run import DecodeRun, RunRest
+from labkit.engine.step_work import StepTiming, StepWork, rank_sums
+
+
+def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
+    """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
+    p, q = acceptance.numerator, acceptance.denominator
+    x = np.arange(step_index, step_index + steps + 1, dtype=np.int64)
+    total = (x * p) // q
+    return total - total[0]
+
+
+def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
+                    lockstep: bool, now: float, horizon: float,
+                    max_steps: int, step_guess_s: float = 0.0,
+                    scheduled: bool = False, rest: RunRest | None = None) -> DecodeRun | None:
+    """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
+    one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
+    whose prefix KV is still on the wire sit the run out; it ends before the first
+    step that starts once one of them has landed (that step schedules it).
+    `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
+    steps past the horizon is not computed. `scheduled`: the schedulers have just
+    scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
+    registered, so the run starts with them done (None if step 0 would need more).
+    `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit."""
+    pairs, rank_of, landing = [], [], np.inf
+    for rank, s in enumerate(schedulers):
+        for r in s.running:
+            if s.on_the_wire(r):
+                landing = min(landing, r.kv_ready_s)
+            else:
+                pairs.append((s, r))
+                rank_of.append(rank)
+    if not pairs:
+        return None
+    if any(s.kv.tail_is_shared(r) for s, r in pairs):
+        return None  # a copy-on-write is due: let a normal step do it
+    width = config.tokens_per_decode_step
+    priced = None  # (timing, work) of the steps, when a cut run's rest gives them
+    if rest is not None and rest.continues(pairs, step_index, now):
+        tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes)
+        priced = rest.timing, rest.work
+    else:
+        cum = accepted_before(step_index, max_steps, acceptance)
+        tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
+    if tokens is None or (tokens.prefill is not None
+                          and not getattr(cost_model, "prices_chunk_rows", True)):
+        return None
+    k, finishes = tokens.steps, tokens.finishes
+    held, new = tokens.held, tokens.new
+
+    # Blocks each request must hold during step j: its slots are held + new tokens.
+    have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
+    block_size = schedulers[0].kv.block_size
+    need = np.where(new > 0, -(-(held[:, :k] + new) // block_size), 0)  # (n, k)
+    blocks = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
+    net = blocks - np.concatenate([have[:, None], blocks[:, :-1]], axis=1)  # (n, k)
+    calls = net > 0
+    if schedulers[0].kv.window is not None:
+        slid = _window_slides(pairs, held[:, :k])
+        if slid is None:
+            return None  # a window page is shared: its release is not ours to plan
+        pages = schedulers[0].kv.window.pages_per_block
+        net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
+    if scheduled and calls[:, 0].any():
+        return None  # step 0's KV work is not all done: not the step scheduled
+    per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
+    free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
+    fits = (per_rank.cumsum(axis=0) <= free[None, :]).all(axis=1)
+    if not fits.all():
+        k, finishes = int(fits.argmin()), False
+        if k < 1:
+            return None
+
+    prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
+    if tokens.prefill is not None:
+        prefill = tokens.prefill[:, :k]
+        busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
+        chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
+
+    # Cost of each step, then cut before the first step ending at or after the horizon.
+    ranks = len(schedulers)
+    if priced is not None:
+        timing, work = priced[0].head(k), priced[1].head(k)
+    elif tokens.prefill is None:
+        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
+        base = rank_sums(held[:, 0], rank_of, ranks)
+
+        def rows(a: int, b: int) -> StepWork:
+            return decode_work(counts, base, cum[a:b], width)
+    else:
+        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
+        rows = whole.rows
+    if priced is None:
+        timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
+                                    step_guess_s, chunk_end)
+    ends = np.concatenate([[now], timing.duration]).cumsum()[1:]
+    within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
+    start = np.concatenate([[now], ends[:-1]])
+    within = min(within, int(start.searchsorted(landing, side="left")))
+    if within < 1:
+        return None
+    used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
+    kv_used = used0[None, :] + per_rank[:k].cumsum(axis=0)
+    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
+                    net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
+                    chunk_end, allocated=int(scheduled))
+    run.truncate(within)
+    return run
+
+
+def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
+                 step_guess_s: float, head: int = 0):
+    """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
+    a first part of them that ends at or after the horizon (what lies beyond is cut
+    from the run anyway), and the StepWork of the steps costed. The part is sized from
+    a recent step's duration; if it falls short of the horizon, the rest is costed too.
+    The first `head` steps (those with prefill chunks) are costed on their own: the
+    decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
+    memo). A step's cost depends on its own row of the work alone, so the parts are
+    the rows of the whole."""
+    first = k
+    if step_guess_s > 0 and np.isfinite(horizon):
+        first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
+    bounds = sorted({0, min(head, k), first, k})
+    parts = []
+    for a, b in zip(bounds, bounds[1:]):
+        work = rows(a, b)
+        parts.append(cost_model.step_timing(work, lockstep))
+        durations = np.concatenate([p.duration for p in parts])
+        # as plan_decode_run finds the steps' ends (same sums, same rounding)
+        if b < k and np.concatenate([[now], durations]).cumsum()[-1] >= horizon:
+            break
+    if len(parts) == 1:
+        return parts[0], work  # rows(0, b), built once
+    timing = StepTiming.joined(parts)
+    return timing, rows(0, b)
+
+
+def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
+    """(n, k) logical blocks whose window pages request i frees when step j starts
+    (`computed[i, j]` tokens by then); None if a window page is shared, as then
+    freeing it may not return it to the pool."""
+    window = pairs[0][0].kv.window
+    tables = [window.tables[r.request_id] for _, r in pairs]
+    if any((window.pool.ref_count[t.live()] > 1).any() for t in tables):
+        return None
+    live = np.array([t.first_live for t in tables], dtype=np.int64)[:, None]
+    first = np.maximum(np.maximum(0, computed - window.window + 1) // window.block_size, live)
+    return np.diff(np.concatenate([live, first], axis=1), axis=1)
+
+
+def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:
+    """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
+    ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
+    zeros = np.zeros(ctx.shape, dtype=ctx.dtype)
+    k = len(cum)
+    return StepWork(
+        prefill_tokens=zeros,
+        decode_tokens=(counts * width)[None, :].repeat(k, axis=0),
+        num_prefill_reqs=zeros,
+        num_decode_reqs=counts[None, :].repeat(k, axis=0),
+        kv_read_tokens=ctx + counts[None, :] * width,
+        prefill_pairs=zeros,
+        decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
+        idle=(counts == 0)[None, :].repeat(k, axis=0),
+        decode_context=ctx,
+        same_counts=True,
+    )
