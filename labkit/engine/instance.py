@@ -95,8 +95,8 @@ class Instance:
     # ------------------------------------------------------------------ plan
     def plan_next(self, now: float, horizon: float) -> Plan | None:
         """Plan the next step(s) starting at `now`; None if there is nothing to do."""
-        rest, self.rest = self.rest, None
         if not self.has_work():
+            self.rest = None
             return None
         visible = self._visible_until(now)
         for s in self.schedulers:
@@ -106,10 +106,11 @@ class Instance:
         plan = None
         if self._can_fast_forward():
             if horizon - now > MIN_RUN_STEPS * self.last_step_s:
-                plan = self._plan_run(now, horizon, rest=rest)
+                plan = self._plan_run(now, horizon)
             plan = plan or self._plan_step(now)
         else:  # the step may find the schedulers steady once it has scheduled
-            plan = self._plan_step(now, horizon, rest)
+            plan = self._plan_step(now, horizon)
+        self.rest = None  # (it serves the plan right after the cut only)
         if plan is not None:
             self.last_step_s = float(plan.timing.duration[-1])
             if self.events.wants(StepStarted):
@@ -140,19 +141,19 @@ class Instance:
         return any(steady) and all(st or not s.has_work()
                                    for st, s in zip(steady, self.schedulers))
 
-    def _plan_run(self, now: float, horizon: float, batches=None, rest=None) -> Plan | None:
+    def _plan_run(self, now: float, horizon: float, batches=None) -> Plan | None:
         """A fast-forwarded run from now; `batches`: its first step, scheduled already
-        (the run is taken only if its step 0 is exactly that step); `rest`: the steps a
-        cut run had planned from here, if any (`decode_run.RunRest`)."""
+        (the run is taken only if its step 0 is exactly that step). It may take over
+        the steps a run cut just before had planned (`self.rest`)."""
         scheduled = batches is not None
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s, scheduled, rest)
+                              MAX_RUN_STEPS, self.last_step_s, scheduled, self.rest)
         if run is None or (scheduled and not run.starts_as(batches)):
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
 
-    def _run_from_step(self, batches, now: float, horizon: float, rest=None) -> Plan | None:
+    def _run_from_step(self, batches, now: float, horizon: float) -> Plan | None:
         """The step just scheduled as the first of a fast-forwarded run, or None.
 
         A step that admits a request (its prefix KV put on the wire, or its first prompt
@@ -166,23 +167,23 @@ class Instance:
                 or not self._can_fast_forward() \
                 or horizon - now <= MIN_RUN_STEPS * self.last_step_s:
             return None
-        return self._plan_run(now, horizon, batches, rest)
+        return self._plan_run(now, horizon, batches)
 
     def next_ready_s(self) -> float | None:
         """The earliest time a request now waiting for fetched KV can run."""
         times = [t for s in self.schedulers if (t := s.next_ready_s()) is not None]
         return min(times) if times else None
 
-    def _plan_step(self, now: float, horizon: float | None = None, rest=None) -> Plan | None:
+    def _plan_step(self, now: float, horizon: float | None = None) -> Plan | None:
         """One step, scheduled now; with a `horizon`, the first step of a run where the
-        schedulers are steady once it is scheduled (`_run_from_step`, given `rest`)."""
+        schedulers are steady once it is scheduled (`_run_from_step`)."""
         # the shared step index: prefill_schedule_interval's beat, the same on every rank
         batches = [s.schedule(self.step_index) for s in self.schedulers]
         work = StepWork.from_batches(batches)
         if work.idle.all():
             return None  # nothing can run yet (KV still being fetched); see next_ready_s
         if horizon is not None:
-            plan = self._run_from_step(batches, now, horizon, rest)
+            plan = self._run_from_step(batches, now, horizon)
             if plan is not None:
                 return plan
         out = self.data_plane.execute(step_input(batches, self.schedulers, work, self.lockstep,
