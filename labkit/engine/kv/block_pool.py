@@ -14,19 +14,24 @@ dropped ("eviction"). Requests free their blocks tail first, so a prefix's last 
 are evicted before its first ones and what remains cached is always a prefix — which
 is what makes a binary search for the longest cached prefix correct.
 
-All per-block state lives in numpy arrays so that touching the 2,000+ blocks of a
-long agentic prompt is one vectorised operation, not a Python loop. The arrays cover
-the blocks handed out so far (growing by doubling, `free_queue.grown`): a block never
-used has ref count 0, no key and generation 0, which is what an absent entry means.
+All per-block state lives in numpy arrays, and each operation that changes it —
+allocate, free, touch, register keys — is one compiled loop (`numba`) over its blocks,
+composed of the free queue's and the key index's own loops: a long agentic prompt's
+2,000+ blocks cost no Python per block, and a decode's one block no dozen numpy calls.
+The arrays cover the blocks handed out so far (growing by doubling, `free_queue.grown`):
+a block never used has ref count 0, no key and generation 0, which is what an absent
+entry means.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
-from labkit.engine.kv.free_queue import EAGER_BLOCKS, FreeBlockQueue, grown
-from labkit.engine.kv.key_index import KeyIndex
+from labkit.engine.kv.free_queue import (EAGER_BLOCKS, FreeBlockQueue, grown, link_one,
+                                         pop_head, unlink_one)
+from labkit.engine.kv.key_index import KeyIndex, claim_slot, clear_slot
 
 NO_KEY = -1
 
@@ -36,6 +41,8 @@ class BlockPool:
                  events: EventBus | None = None, rank: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
+        if not _loaded:
+            _load_loops()
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.events = events or EventBus()
@@ -77,28 +84,32 @@ class BlockPool:
     # ------------------------------------------------------------ allocation
     def allocate(self, n: int) -> np.ndarray:
         """n fresh blocks (ref count 1), evicting the least recently freed ones."""
-        blocks = self._free.popleft(n)
-        if self._free.fresh > len(self.ref_count):  # first use of blocks past the arrays
-            need, limit = self._free.fresh, self.num_blocks
+        queue = self._free
+        if n > queue.num_free:
+            raise RuntimeError(f"asked for {n} free blocks, {queue.num_free} available")
+        need = queue.fresh_after(n)
+        if need > len(self.ref_count):  # first use of blocks past the arrays
+            limit = self.num_blocks
             self.ref_count = grown(self.ref_count, need, limit, 0)
             self.block_key = grown(self.block_key, need, limit, NO_KEY)
             self.generation = grown(self.generation, need, limit, 0)
             self.pending = grown(self.pending, need, limit, False)
-        self._evict(blocks)
-        self.ref_count[blocks] = 1
-        self.generation[blocks] += 1
+            queue.grow(need)
+        blocks, *evicted = _take(queue.prev, queue.next, queue.state, self.num_blocks, n,
+                                 self.ref_count, self.block_key, self.generation,
+                                 self._cached.slot)
+        self._evicted(*evicted)
         return blocks
 
     def _evict(self, blocks: np.ndarray) -> None:
-        keys = self.block_key[blocks]
-        had_key = keys != NO_KEY
-        if not had_key.any():
-            return
-        evicted = blocks[had_key]
-        self._cached.drop(keys[had_key])
-        self.block_key[evicted] = NO_KEY
-        if self.events.wants(BlocksEvicted):
-            self.events.emit(BlocksEvicted(self.now, self.rank, evicted))
+        """Drop the keys of these blocks (tests knock cached pages out this way)."""
+        self._evicted(*_drop_keys(self.block_key, self._cached.slot, blocks))
+
+    def _evicted(self, blocks: np.ndarray, keys: np.ndarray, direct: int) -> None:
+        if len(blocks):
+            self._cached.cleared(keys, direct)
+            if self.events.wants(BlocksEvicted):
+                self.events.emit(BlocksEvicted(self.now, self.rank, blocks))
 
     def next_to_evict(self, n: int) -> np.ndarray:
         """The blocks the next allocations of n blocks in all would take (no touch or
@@ -119,22 +130,15 @@ class BlockPool:
 
     def touch(self, blocks: np.ndarray) -> None:
         """Take a reference to blocks found in the cache (a prefix hit or a fork)."""
-        if len(blocks) == 0:
-            return
-        idle = blocks[self.ref_count[blocks] == 0]
-        if len(idle):
-            self._free.remove(idle)
-        self.ref_count[blocks] += 1
+        queue = self._free
+        _hold(queue.prev, queue.next, queue.state, self.ref_count, blocks)
 
     def free(self, blocks: np.ndarray) -> None:
         """Drop one reference to each block; give them in the order they should be
         reused (a request passes its block table reversed, tail first)."""
-        if len(blocks) == 0:
-            return
-        if (self.ref_count[blocks] <= 0).any():
+        queue = self._free
+        if not _release(queue.prev, queue.next, queue.state, self.ref_count, blocks):
             raise RuntimeError(f"rank {self.rank}: freeing a block that is not in use")
-        self.ref_count[blocks] -= 1
-        self._free.append(blocks[self.ref_count[blocks] == 0])
 
     # ---------------------------------------------------------- prefix cache
     def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray, request_id: str = "",
@@ -148,26 +152,30 @@ class BlockPool:
         """
         if not self.enable_caching or len(blocks) == 0:
             return
-        if (self.block_key[blocks] != NO_KEY).any():
-            raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
-                               f"(writing into a registered block needs a copy first)")
         # The first block to claim a key keeps it: a key that is held already (here, or
         # earlier in this call) stays with its holder, so a block got its key exactly
-        # where it is its key's holder (no other key names these blocks, checked above).
+        # where it is its key's holder (no other key names these blocks, checked first).
         blocks, keys = np.asarray(blocks), np.asarray(keys, dtype=np.int64)
-        holders = self._cached.claim(keys, blocks)
-        if holders is None:  # the usual case: all new and distinct
-            fresh, fresh_keys = blocks, keys
-        else:
-            claimed = holders == blocks
-            fresh, fresh_keys = blocks[claimed], keys[claimed]
-        if len(fresh):
+        status, fresh, fresh_keys = _register(self.block_key, self.pending,
+                                              self._cached.slot, blocks, keys, pending)
+        if status == _KEYED:
+            raise RuntimeError(f"rank {self.rank}: {request_id} would re-key a cached block "
+                               f"(writing into a registered block needs a copy first)")
+        if status == _OUTSIDE:  # a key the array does not hold: the index's general way
+            holders = self._cached.claim(keys, blocks)
+            if holders is None:  # all new and distinct
+                fresh, fresh_keys = blocks, keys
+            else:
+                claimed = holders == blocks
+                fresh, fresh_keys = blocks[claimed], keys[claimed]
             self.block_key[fresh] = fresh_keys
             self.pending[fresh] = pending
-            if self.events.wants(BlocksCached):
-                self.events.emit(BlocksCached(self.now, self.rank, request_id,
-                                              np.array(fresh, dtype=np.int32),
-                                              np.array(fresh_keys, dtype=np.int64)))
+        else:
+            self._cached.claimed(len(fresh))
+        if len(fresh) and self.events.wants(BlocksCached):
+            self.events.emit(BlocksCached(self.now, self.rank, request_id,
+                                          np.array(fresh, dtype=np.int32),
+                                          np.array(fresh_keys, dtype=np.int64)))
 
     def cached_none(self, keys: list) -> bool:
         """Is none of these keys cached?"""
@@ -200,5 +208,114 @@ class BlockPool:
 
     def keyed_prefix_length(self, blocks: np.ndarray) -> int:
         """How many leading blocks hold a cache key (only registered blocks do)."""
-        keyed = self.block_key[blocks] != NO_KEY
-        return len(blocks) if keyed.all() else int(np.argmin(keyed))
+        return _keyed_prefix(self.block_key, blocks)
+
+
+_loaded: list = []  # [True] once this process has loaded the compiled loops
+
+
+def _load_loops() -> None:
+    """Run each compiled loop once, on a small pool, with the argument types a replay
+    passes. A process's first call of a numba function loads it from numba's on-disk
+    cache (compiling it the first time ever): ~0.2 s in all, most of it numba setting
+    itself up. So it is paid where the first pool is built, with the engine, and not
+    in the middle of the first step that allocates."""
+    _loaded.append(True)
+    pool = BlockPool(4)
+    blocks = pool.allocate(3)
+    pool.cache_blocks(blocks[:1], np.array([0]))
+    pool.cache_blocks(blocks[1:2], np.array([1 << 20]))  # past the key array: it grows
+    pool.keyed_prefix_length(blocks)
+    pool.free(blocks[::-1])
+    pool.touch(blocks[:1])
+    pool.free(blocks[:1])
+    pool.next_to_evict(2)
+
+
+# The compiled operations: each changes the pool's arrays, the free queue's links and
+# the key index's array in one pass over its blocks (which are distinct).
+
+@njit(cache=True, nogil=True)
+def _take(prev, next_, state, num_blocks, n, ref_count, block_key, generation, slot):
+    """`allocate`: the queue's first n blocks, their keys dropped (`_drop_keys`)."""
+    blocks = pop_head(prev, next_, state, num_blocks, n)
+    for b in blocks:
+        ref_count[b] = 1
+        generation[b] += 1
+    return (blocks, *_drop_keys(block_key, slot, blocks))
+
+
+@njit(cache=True, nogil=True)
+def _drop_keys(block_key, slot, blocks):
+    """The keyed ones of `blocks` lose their keys: (those blocks, their keys, how many
+    of the keys the key array held)."""
+    evicted = np.empty(len(blocks), dtype=np.int32)
+    keys = np.empty(len(blocks), dtype=np.int64)
+    m = direct = 0
+    for b in blocks:
+        key = block_key[b]
+        if key != NO_KEY:
+            evicted[m], keys[m] = b, key
+            m += 1
+            direct += clear_slot(slot, key)
+            block_key[b] = NO_KEY
+    return evicted[:m], keys[:m], direct
+
+
+@njit(cache=True, nogil=True)
+def _hold(prev, next_, state, ref_count, blocks) -> None:
+    """`touch`: a reference more to each block; an idle one leaves the queue."""
+    for b in blocks:
+        if ref_count[b] == 0:
+            unlink_one(prev, next_, state, b)
+        ref_count[b] += 1
+
+
+@njit(cache=True, nogil=True)
+def _release(prev, next_, state, ref_count, blocks) -> bool:
+    """`free`: a reference less to each block, in order; one left idle joins the queue's
+    tail. False, changing nothing, if a block is not in use."""
+    for b in blocks:
+        if ref_count[b] <= 0:
+            return False
+    for b in blocks:
+        ref_count[b] -= 1
+        if ref_count[b] == 0:
+            link_one(prev, next_, state, b)
+    return True
+
+
+_DONE, _KEYED, _OUTSIDE = range(3)  # what `_register` did
+
+
+@njit(cache=True, nogil=True)
+def _register(block_key, pending_mark, slot, blocks, keys, pending: bool):
+    """`cache_blocks`: (_DONE, blocks that got their key, their keys); or, changing
+    nothing, (_KEYED, ...) if a block holds a key already, (_OUTSIDE, ...) if a key is
+    outside the key array (the index's general way registers those)."""
+    fresh = np.empty(len(blocks), dtype=np.int32)
+    fresh_keys = np.empty(len(blocks), dtype=np.int64)
+    for b in blocks:
+        if block_key[b] != NO_KEY:
+            return _KEYED, fresh[:0], fresh_keys[:0]
+    for key in keys:
+        if key < 0 or key >= len(slot):
+            return _OUTSIDE, fresh[:0], fresh_keys[:0]
+    m = 0
+    for i in range(len(blocks)):
+        b, key = blocks[i], keys[i]
+        if claim_slot(slot, key, b) == b:
+            block_key[b] = key
+            pending_mark[b] = pending
+            fresh[m], fresh_keys[m] = b, key
+            m += 1
+    return _DONE, fresh[:m], fresh_keys[:m]
+
+
+@njit(cache=True, nogil=True)
+def _keyed_prefix(block_key, blocks) -> int:
+    """How many leading blocks hold a key."""
+    for i in range(len(blocks)):
+        if block_key[blocks[i]] == NO_KEY:
+            return i
+    return len(blocks)

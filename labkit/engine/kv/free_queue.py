@@ -6,34 +6,32 @@ free block that has been free the longest (least recently used) and only then dr
 its key. A hit on a free block takes it out of the queue; when its users are done it
 re-enters at the tail. That is vLLM's `FreeKVCacheBlockQueue`.
 
-vLLM keeps a doubly linked list of block objects. We keep the same order with arrays,
-because agentic prompts hit and free thousands of blocks per call and a Python loop
-per block would dominate the simulation:
+vLLM keeps a doubly linked list of block objects; so do we, as two arrays of block
+numbers — `prev[b]` and `next[b]` — and compiled loops over them (`numba`): freeing
+appends at the tail, a hit unlinks a block from the middle, an allocation pops from
+the head, each a few memory accesses per block. Agentic prompts hit and free thousands
+of blocks per call, and most calls of a replay move a handful: a Python loop per block
+would dominate the first, a dozen numpy calls per operation the second.
 
-- each `append` adds a *segment* (an array of blocks, in the order they should be
-  reused) stamped with a fresh number, and stamps its blocks with it;
-- `remove` (a hit) just unstamps blocks: their old segment entries become stale;
-- `popleft` walks segments from the head and skips entries whose stamp no longer
-  matches — amortised O(1) per block, like the linked list, with numpy doing the walk.
+Blocks never handed out are not linked at all: a pool starts as one *fresh range*
+``[fresh, num_blocks)`` at the head of the queue (they were all free first), and a pop
+takes from it before the list. The arrays cover the blocks handed out so far (they
+grow by doubling, `grown`), so memory follows the blocks a run touches, not the pool:
+a tiny model on an H200 holds 485 million 1-token blocks, and a run touches a few
+thousand of them.
 
-Stale entries are compacted away once they outnumber the blocks, so memory stays
-O(num_blocks).
-
-Blocks never handed out are not stored at all: a pool starts as one *fresh range*
-``[fresh, num_blocks)`` at the head of the queue (they were all free first), and
-`popleft` takes from it before any segment. Memory then grows with the blocks a run
-touches, not with the pool: a tiny model on an H200 holds 485 million 1-token blocks,
-and a run touches a few thousand of them.
+The queue's four numbers (head, tail, fresh, free count) live in one small array, so
+that a compiled loop (`block_pool.py` composes these with its own) updates them in place.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
+from numba import njit
 
-NOT_QUEUED = -1
+NONE = -1  # no block: the end of the list
 EAGER_BLOCKS = 4096  # per-block arrays start this long (or the pool's size) and double
+HEAD, TAIL, FRESH, NUM_FREE = range(4)  # the entries of `FreeBlockQueue.state`
 
 
 def grown(array: np.ndarray, needed: int, limit: int, fill) -> np.ndarray:
@@ -48,97 +46,127 @@ def grown(array: np.ndarray, needed: int, limit: int, fill) -> np.ndarray:
 class FreeBlockQueue:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._stamp = np.full(min(num_blocks, EAGER_BLOCKS), NOT_QUEUED, dtype=np.int64)
-        self._segments: deque[tuple[int, np.ndarray]] = deque()
-        self._cursor = 0  # position inside the head segment
-        self._next_stamp = 0
-        self._entries = 0  # queued entries, stale ones included
-        self.fresh = 0  # blocks [fresh, num_blocks) were never handed out
-        self.num_free = num_blocks
+        size = min(num_blocks, EAGER_BLOCKS)
+        self.prev = np.full(size, NONE, dtype=np.int32)
+        self.next = np.full(size, NONE, dtype=np.int32)
+        self.state = np.array([NONE, NONE, 0, num_blocks], dtype=np.int64)
+
+    @property
+    def fresh(self) -> int:
+        """Blocks [fresh, num_blocks) were never handed out."""
+        return int(self.state[FRESH])
+
+    @property
+    def num_free(self) -> int:
+        return int(self.state[NUM_FREE])
 
     def __len__(self) -> int:
         return self.num_free
 
+    def fresh_after(self, n: int) -> int:
+        """`fresh` once n more blocks are taken (what the per-block arrays must cover)."""
+        fresh = self.fresh
+        return fresh + min(n, self.num_blocks - fresh)
+
+    def grow(self, needed: int) -> None:
+        """Cover blocks below `needed` (blocks about to be handed out for the first time)."""
+        self.prev = grown(self.prev, needed, self.num_blocks, NONE)
+        self.next = grown(self.next, needed, self.num_blocks, NONE)
+
     def append(self, blocks: np.ndarray) -> None:
         """Queue blocks at the tail, first element to be reused first."""
-        if len(blocks) == 0:
-            return
-        stamp = self._next_stamp
-        self._next_stamp += 1
-        self._stamp[blocks] = stamp
-        self._segments.append((stamp, np.array(blocks, dtype=np.int32)))
-        self._entries += len(blocks)
-        self.num_free += len(blocks)
-        if self._entries > 4 * self.fresh + 1024:
-            self._compact()
+        link_tail(self.prev, self.next, self.state, np.asarray(blocks, dtype=np.int32))
 
     def remove(self, blocks: np.ndarray) -> None:
         """Take queued blocks out (they were hit and are in use again)."""
-        self._stamp[blocks] = NOT_QUEUED
-        self.num_free -= len(blocks)
+        unlink(self.prev, self.next, self.state, np.asarray(blocks, dtype=np.int32))
 
     def popleft(self, n: int) -> np.ndarray:
         """The n least recently freed blocks, removed from the queue."""
         if n > self.num_free:
             raise RuntimeError(f"asked for {n} free blocks, {self.num_free} available")
-        taken: list[np.ndarray] = []
-        fresh = min(n, self.num_blocks - self.fresh)
-        if fresh:  # never-used blocks come first: they have been free the longest
-            taken.append(np.arange(self.fresh, self.fresh + fresh, dtype=np.int32))
-            self.fresh += fresh
-            self._stamp = grown(self._stamp, self.fresh, self.num_blocks, NOT_QUEUED)
-        need = n - fresh
-        while need:
-            stamp, segment = self._segments[0]
-            window = max(2 * need, 64)
-            while True:
-                chunk = segment[self._cursor : self._cursor + window]
-                live = (self._stamp[chunk] == stamp).nonzero()[0]
-                if len(live) >= need or self._cursor + window >= len(segment):
-                    break
-                window *= 4
-            if len(live) >= need:
-                taken.append(chunk[live[:need]])
-                self._cursor += int(live[need - 1]) + 1
-                need = 0
-            else:
-                taken.append(chunk[live])
-                need -= len(live)
-                self._cursor = len(segment)
-            if self._cursor >= len(segment):
-                self._entries -= len(segment)
-                self._segments.popleft()
-                self._cursor = 0
-        blocks = taken[0] if len(taken) == 1 else np.concatenate(taken) if taken else \
-            np.empty(0, dtype=np.int32)
-        self._stamp[blocks] = NOT_QUEUED
-        self.num_free -= n
-        return blocks
+        self.grow(self.fresh_after(n))
+        return pop_head(self.prev, self.next, self.state, self.num_blocks, n)
 
     def peek(self, n: int) -> np.ndarray:
         """The blocks `popleft(n)` would take (all free ones if fewer), the queue as it is."""
-        n = min(n, self.num_free)
-        fresh = min(n, self.num_blocks - self.fresh)
-        parts = [np.arange(self.fresh, self.fresh + fresh, dtype=np.int32)]
-        need, cursor = n - fresh, self._cursor
-        for stamp, segment in self._segments:
-            if not need:
-                break
-            rest = segment[cursor:]
-            live = rest[self._stamp[rest] == stamp][:need]
-            parts.append(live)
-            need, cursor = need - len(live), 0
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return walk_head(self.next, self.state, self.num_blocks, min(n, self.num_free))
 
     def order(self) -> np.ndarray:
         """All free blocks in reuse order (for tests and views)."""
         return self.peek(self.num_free)
 
-    def _compact(self) -> None:
-        live = self.order()[self.num_blocks - self.fresh:]  # the segments' live entries
-        stamp = self._next_stamp
-        self._next_stamp += 1
-        self._stamp[live] = stamp
-        self._segments = deque([(stamp, live)])
-        self._cursor = 0
-        self._entries = len(live)
+
+# The loops. `state` is the queue's (head, tail, fresh, free count); blocks are int32.
+
+@njit(cache=True, inline="always")
+def link_one(prev, next_, state, b) -> None:
+    """Append block b (not queued) at the tail."""
+    tail = state[TAIL]
+    prev[b] = tail
+    next_[b] = NONE
+    if tail == NONE:
+        state[HEAD] = b
+    else:
+        next_[tail] = b
+    state[TAIL] = b
+    state[NUM_FREE] += 1
+
+
+@njit(cache=True, inline="always")
+def unlink_one(prev, next_, state, b) -> None:
+    """Take queued block b out of the list."""
+    p, n = prev[b], next_[b]
+    if p == NONE:
+        state[HEAD] = n
+    else:
+        next_[p] = n
+    if n == NONE:
+        state[TAIL] = p
+    else:
+        prev[n] = p
+    state[NUM_FREE] -= 1
+
+
+@njit(cache=True, nogil=True)
+def link_tail(prev, next_, state, blocks) -> None:
+    for b in blocks:
+        link_one(prev, next_, state, b)
+
+
+@njit(cache=True, nogil=True)
+def unlink(prev, next_, state, blocks) -> None:
+    for b in blocks:
+        unlink_one(prev, next_, state, b)
+
+
+@njit(cache=True, nogil=True)
+def pop_head(prev, next_, state, num_blocks, n):
+    """Remove and return the first n blocks: never-used ones first, then the list's
+    head. The caller checked there are n and that the arrays cover the fresh ones."""
+    out = walk_head(next_, state, num_blocks, n)
+    fresh = min(n, num_blocks - state[FRESH])
+    state[FRESH] += fresh
+    if n > fresh:
+        b = next_[out[n - 1]]
+        state[HEAD] = b
+        if b == NONE:
+            state[TAIL] = NONE
+        else:
+            prev[b] = NONE
+    state[NUM_FREE] -= n
+    return out
+
+
+@njit(cache=True, nogil=True)
+def walk_head(next_, state, num_blocks, n):
+    """The first n blocks (n at most the free count), the queue unchanged."""
+    out = np.empty(n, dtype=np.int32)
+    fresh = min(n, num_blocks - state[FRESH])
+    for i in range(fresh):
+        out[i] = state[FRESH] + i
+    b = state[HEAD]
+    for i in range(fresh, n):
+        out[i] = b
+        b = next_[b]
+    return out

@@ -9,7 +9,7 @@ the blocks per trace block, plus the sub-block (`block_keys.py`) — so they can
 array directly: one gather or scatter per call, a single memory access per key, no
 object per key.
 
-`KeyIndex` keeps keys in ``[0, DIRECT_KEYS)`` in such an array (`_slot[key]` is the
+`KeyIndex` keeps keys in ``[0, DIRECT_KEYS)`` in such an array (`slot[key]` is the
 block + 1, 0 meaning absent; it grows eightfold to the largest key seen, and its
 zero pages cost no memory until written) and every other key — the chained hashes of
 token-id prompts, derived keys of window pages and state snapshots, salted replays of
@@ -22,17 +22,18 @@ from __future__ import annotations
 from itertools import repeat
 
 import numpy as np
+from numba import njit
 
 DIRECT_KEYS = 1 << 27  # keys below this are array-indexed (<= 512 MiB, mostly unmapped)
 FIRST_KEYS = 1 << 12  # the array's first size: small engines stay small
 
 
 class KeyIndex:
-    __slots__ = ("_slot", "_other", "_direct_count")
+    __slots__ = ("slot", "_other", "_direct_count")
 
     def __init__(self) -> None:
         # key -> block + 1 (0: absent); its pages are mapped as they are first written
-        self._slot = np.zeros(FIRST_KEYS, dtype=np.int32)
+        self.slot = np.zeros(FIRST_KEYS, dtype=np.int32)
         self._other: dict[int, int] = {}  # keys outside the array's range
         self._direct_count = 0
 
@@ -42,7 +43,7 @@ class KeyIndex:
     def _split(self, keys: np.ndarray) -> np.ndarray:
         """Elementwise: is the key inside the array (as it is now)? A negative key,
         seen unsigned, is past any array."""
-        return keys.view(np.uint64) < len(self._slot)
+        return keys.view(np.uint64) < len(self.slot)
 
     def _grow(self, keys: np.ndarray) -> None:
         """Make room in the array for the keys below DIRECT_KEYS."""
@@ -50,19 +51,19 @@ class KeyIndex:
         if len(small) == 0:
             return
         top = int(small.max()) + 1
-        if top <= len(self._slot):
+        if top <= len(self.slot):
             return
         # growing copies what is held (a scan of the array): eightfold keeps that rare
-        size = max(1 << (top - 1).bit_length(), 8 * len(self._slot))
+        size = max(1 << (top - 1).bit_length(), 8 * len(self.slot))
         slot = np.zeros(min(size, DIRECT_KEYS), dtype=np.int32)
-        held = self._slot.nonzero()[0]  # copy only these: the zero pages stay unmapped
-        slot[held] = self._slot[held]
-        self._slot = slot
+        held = self.slot.nonzero()[0]  # copy only these: the zero pages stay unmapped
+        slot[held] = self.slot[held]
+        self.slot = slot
 
     # ------------------------------------------------------------------ reads
     def get(self, key: int) -> int:
-        if 0 <= key < len(self._slot):
-            return int(self._slot[key]) - 1
+        if 0 <= key < len(self.slot):
+            return int(self.slot[key]) - 1
         return self._other.get(key, -1)
 
     def get_many(self, keys: np.ndarray) -> np.ndarray:
@@ -70,23 +71,23 @@ class KeyIndex:
         keys = np.asarray(keys, dtype=np.int64)
         inside = self._split(keys)
         if inside.all():
-            return self._slot[keys] - 1
+            return self.slot[keys] - 1
         out = np.fromiter(map(self._other.get, keys.tolist(), repeat(-1)), dtype=np.int32,
                           count=len(keys))
         if inside.any():
-            out[inside] = self._slot[keys[inside]] - 1
+            out[inside] = self.slot[keys[inside]] - 1
         return out
 
     def as_dict(self) -> dict[int, int]:
         """Every key and its block (for tests and inspection: O(array))."""
-        keys = self._slot.nonzero()[0]
-        return {**dict(zip(keys.tolist(), (self._slot[keys] - 1).tolist())), **self._other}
+        keys = self.slot.nonzero()[0]
+        return {**dict(zip(keys.tolist(), (self.slot[keys] - 1).tolist())), **self._other}
 
     def none_of(self, keys) -> bool:
         """Is none of these keys held?"""
         keys = np.asarray(keys, dtype=np.int64)
         inside = self._split(keys)
-        if inside.any() and self._slot[keys[inside]].any():
+        if inside.any() and self.slot[keys[inside]].any():
             return False
         return self._other.keys().isdisjoint(keys[~inside].tolist())
 
@@ -102,27 +103,10 @@ class KeyIndex:
             inside = self._split(keys)
             if not inside.all():
                 return self._claim_mixed(keys, blocks, inside)
-        # each numpy call costs microseconds here: the usual case takes few
-        slot = self._slot
-        held = slot[keys]
-        if not held.any():  # none held yet
-            plus = blocks + 1
-            slot[keys] = plus
-            if (slot[keys] == plus).all():  # and no key twice in the call
-                self._direct_count += len(keys)
-                return None
-            slot[keys] = 0  # a key came twice: undo, and go key by key
-            return self._claim_in_order(keys, blocks)
-        free = held == 0
-        if not free.any():
-            return held.astype(np.int64) - 1
-        new_keys, plus = keys[free], blocks[free] + 1
-        slot[new_keys] = plus
-        if (slot[new_keys] == plus).all():
-            self._direct_count += len(new_keys)
-            return np.where(free, blocks, held - 1)
-        slot[new_keys] = 0
-        return self._claim_in_order(keys, blocks)
+        holders = np.empty(len(keys), dtype=np.int64)
+        new = claim_all(self.slot, keys, np.asarray(blocks), holders)
+        self._direct_count += new
+        return None if new == len(keys) else holders
 
     def _claim_mixed(self, keys, blocks, inside) -> np.ndarray:
         holders = np.empty(len(keys), dtype=np.int64)
@@ -134,29 +118,62 @@ class KeyIndex:
                                     blocks[outside].tolist()))
         return holders
 
-    def _claim_in_order(self, keys, blocks) -> np.ndarray:
-        """The exact, key-by-key claim (a call with one key twice); all keys are inside
-        the array."""
-        slot, holders = self._slot, np.empty(len(keys), dtype=np.int64)
-        for i, (key, block) in enumerate(zip(keys.tolist(), blocks.tolist())):
-            held = int(slot[key])
-            if held == 0:
-                slot[key] = held = block + 1
-                self._direct_count += 1
-            holders[i] = held - 1
-        return holders
+    def claimed(self, new: int) -> None:
+        """A compiled loop gave `new` array keys their blocks (`claim_slot`)."""
+        self._direct_count += new
+
+    def cleared(self, keys: np.ndarray, direct: int) -> None:
+        """A compiled loop forgot these held keys, `direct` of them inside the array
+        (`clear_slot`): forget the others (dict keys) here."""
+        self._direct_count -= direct
+        if direct < len(keys):
+            for _ in map(self._other.pop, keys[~self._split(keys)].tolist()):
+                pass
 
     def drop(self, keys: np.ndarray) -> None:
         """Forget keys that are held (each once)."""
         keys = np.asarray(keys, dtype=np.int64)
         inside = self._split(keys)
         if inside.all():
-            self._slot[keys] = 0
+            self.slot[keys] = 0
             self._direct_count -= len(keys)
             return
         if inside.any():
-            self._slot[keys[inside]] = 0
+            self.slot[keys[inside]] = 0
             self._direct_count -= int(inside.sum())
         # a C-level loop; `pop` is called without building an argument tuple per key
         for _ in map(self._other.pop, keys[~inside].tolist()):
             pass
+
+
+# The loops the pool's compiled operations share (`block_pool.py`): the array's side of
+# `dict.setdefault` and `dict.pop`.
+
+@njit(cache=True, inline="always")
+def claim_slot(slot, key, block) -> int:
+    """Give `key` (inside the array) to `block` unless it is held; its holder after."""
+    held = slot[key]
+    if held == 0:
+        slot[key] = block + 1
+        return block
+    return held - 1
+
+
+@njit(cache=True, inline="always")
+def clear_slot(slot, key) -> bool:
+    """Forget a held key if it is inside the array; False if it is not (a dict key)."""
+    if 0 <= key < len(slot):
+        slot[key] = 0
+        return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def claim_all(slot, keys, blocks, holders) -> int:
+    """`claim_slot` for each (key, block) in order (the first of several blocks with one
+    key wins), each key's holder into `holders`; returns how many keys were new."""
+    new = 0
+    for i in range(len(keys)):
+        holders[i] = claim_slot(slot, keys[i], blocks[i])
+        new += holders[i] == blocks[i]
+    return new
