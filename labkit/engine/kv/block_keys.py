@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from numba import njit
 
 from labkit.errors import ConfigError
 
@@ -57,8 +58,7 @@ def check_block_sizes(block_size: int, trace_block_size: int) -> None:
 class TraceBlockKeys:
     """Keys of one request's engine blocks, from the trace ids of its context."""
 
-    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks",
-                 "_sub")
+    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks")
 
     def __init__(self, context_ids: np.ndarray, trace_block_size: int, block_size: int,
                  salt: int = 0) -> None:
@@ -69,7 +69,6 @@ class TraceBlockKeys:
         if self._split:
             self._ratio = trace_block_size // block_size
             self.num_blocks = len(self.ids) * self._ratio  # blocks with a defined key
-            self._sub = np.arange(self._ratio)  # a trace block's sub-block numbers
         else:
             self._ratio = block_size // trace_block_size
             self.num_blocks = len(self.ids) // self._ratio
@@ -81,12 +80,20 @@ class TraceBlockKeys:
         return int(self.ids[(j + 1) * r - 1])
 
     def keys(self, start: int, stop: int) -> np.ndarray:
-        r = self._ratio
-        if self._split:  # key(j) for j in [start, stop), a trace block's r keys at a time
-            lo = start // r
-            keys = (self.ids[lo : -(-stop // r), None] * r + self._sub).ravel()
-            return keys[start - lo * r : stop - lo * r]
-        return self.ids[(np.arange(start, stop, dtype=np.int64) + 1) * r - 1]
+        """key(j) for j in [start, stop) (one compiled loop: lookups and registrations
+        ask for a handful of keys most of the time, for thousands now and then)."""
+        if not (0 <= start and stop <= self.num_blocks):
+            raise IndexError(f"keys {start}..{stop} of a request with {self.num_blocks} "
+                             f"keyed blocks")
+        return _trace_keys(self.ids, self._ratio, self._split, start, stop)
+
+
+@njit(cache=True, nogil=True)
+def _trace_keys(ids, r: int, split: bool, start: int, stop: int):
+    out = np.empty(max(stop - start, 0), dtype=np.int64)
+    for j in range(start, stop):
+        out[j - start] = ids[j // r] * r + j % r if split else ids[(j + 1) * r - 1]
+    return out
 
 
 class TokenBlockKeys:

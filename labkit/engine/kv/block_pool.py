@@ -30,7 +30,7 @@ from numba import njit
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
 from labkit.engine.kv.free_queue import (EAGER_BLOCKS, FreeBlockQueue, grown, link_one,
-                                         pop_head, unlink_one)
+                                         pop_head, unlink_one, walk_head)
 from labkit.engine.kv.key_index import KeyIndex, claim_slot, clear_slot
 
 NO_KEY = -1
@@ -118,15 +118,10 @@ class BlockPool:
 
     def would_take_any(self, n: int, blocks: np.ndarray) -> bool:
         """Would the next allocations of n blocks in all take one of `blocks` (blocks
-        handed out before)? One mark per block to be taken, then a gather: cheaper
-        than a set intersection."""
-        taken = self._free.peek(n)
-        if len(taken) == 0 or len(blocks) == 0:
-            return False
-        # (never used blocks come first: [fresh, fresh + n) at most, past the arrays)
-        marked = np.zeros(len(self.ref_count) + n, dtype=bool)
-        marked[taken] = True
-        return bool(marked[blocks].any())
+        handed out before)?"""
+        queue = self._free
+        return _takes_any(queue.next, queue.state, self.num_blocks, min(n, queue.num_free),
+                          len(self.ref_count), blocks)
 
     def touch(self, blocks: np.ndarray) -> None:
         """Take a reference to blocks found in the cache (a prefix hit or a fork)."""
@@ -193,6 +188,19 @@ class BlockPool:
         """The physical block holding each key, or -1 (one gather for trace keys)."""
         return self._cached.get_many(keys)
 
+    def cached_prefix(self, keys: np.ndarray, computed_only: bool = False) -> np.ndarray:
+        """The blocks holding keys[0], keys[1], ... up to the first key not cached (or,
+        `computed_only`, still pending: not yet KV another rank could copy)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        blocks, known = _held_prefix(self._cached.slot, self.pending, keys, computed_only)
+        if known:
+            return blocks
+        blocks = self._cached.get_many(keys)  # a key outside the key array: one by one
+        missing = blocks < 0
+        if computed_only:
+            missing |= self.pending[blocks]  # (a -1 is missing already)
+        return blocks[: int(np.argmax(missing))] if missing.any() else blocks
+
     def unchanged(self, blocks, generations):
         """Elementwise: is block[i] still the one handed out at generations[i]? False
         for a block this pool never handed out (one another pool's hint names)."""
@@ -226,6 +234,8 @@ def _load_loops() -> None:
     pool.cache_blocks(blocks[:1], np.array([0]))
     pool.cache_blocks(blocks[1:2], np.array([1 << 20]))  # past the key array: it grows
     pool.keyed_prefix_length(blocks)
+    pool.cached_prefix(np.array([0, 1]), computed_only=True)
+    pool.would_take_any(2, blocks[:1])
     pool.free(blocks[::-1])
     pool.touch(blocks[:1])
     pool.free(blocks[:1])
@@ -319,3 +329,33 @@ def _keyed_prefix(block_key, blocks) -> int:
         if block_key[blocks[i]] == NO_KEY:
             return i
     return len(blocks)
+
+
+@njit(cache=True, nogil=True)
+def _held_prefix(slot, pending, keys, computed_only: bool):
+    """`cached_prefix` when the key array decides: (blocks, True); (_, False) if a key
+    before the first one missing is outside the array."""
+    out = np.empty(len(keys), dtype=np.int32)
+    for i in range(len(keys)):
+        key = keys[i]
+        if key < 0 or key >= len(slot):
+            return out[:0], False
+        b = slot[key] - 1
+        if b < 0 or (computed_only and pending[b]):
+            return out[:i], True
+        out[i] = b
+    return out, True
+
+
+@njit(cache=True, nogil=True)
+def _takes_any(next_, state, num_blocks, n, size, blocks) -> bool:
+    """Is one of `blocks` (below `size`, the arrays' length) among the queue's first n?
+    One mark per block to be taken (never-used ones, past the arrays, cannot be)."""
+    marked = np.zeros(size, dtype=np.bool_)
+    for b in walk_head(next_, state, num_blocks, n):
+        if b < size:
+            marked[b] = True
+    for b in blocks:
+        if marked[b]:
+            return True
+    return False

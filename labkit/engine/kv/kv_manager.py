@@ -164,14 +164,10 @@ class KVManager:
         parts, m, chunk = [found], len(found), 16
         while m < limit:
             stop = min(limit, m + chunk)
-            blocks = self.pool.cached_blocks(keys.keys(m, stop))
-            missing = blocks < 0
-            if computed_only:
-                missing |= self.pool.pending[blocks]  # a -1 is missing already
-            if missing.any():
-                parts.append(blocks[: int(np.argmax(missing))])
-                break
+            blocks = self.pool.cached_prefix(keys.keys(m, stop), computed_only)
             parts.append(blocks)
+            if len(blocks) < stop - m:
+                break
             m, chunk = stop, 4 * chunk
         return np.concatenate(parts) if len(parts) > 1 else found
 
