@@ -148,16 +148,9 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
         # (a request without calls takes nothing and registers nothing: it may stay in)
         kv, reqs = scheduler.kv, [r for _, r in run.pairs[lo:hi]]
         rank_calls, rank_fills = calls[lo:hi], fills[lo:hi]
-        # blocks request i takes when step j starts, as `KVManager.allocate` would find
-        # them: its slots over the table it holds by then
-        have = np.array([kv.tables[r.request_id].n for r in reqs], dtype=np.int64)
-        slots = run.held[lo:hi, start:alloc_stop] + run.new[lo:hi, start:alloc_stop]
-        need = np.where(rank_calls, -(-slots // kv.block_size), 0)
-        held = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-        counts = held.copy()  # held less what was held a step before
-        counts[:, 1:] -= held[:, :-1]
-        if counts.shape[1]:  # (none when only registrations are played)
-            counts[:, 0] -= have
+        # blocks request i takes when step j starts, as the run planned them (without
+        # sliding-window pages, what `KVManager.allocate` finds then)
+        counts = run.new_blocks[lo:hi, start:alloc_stop]
         # a request's blocks registered: those full after its last step that fills one
         filled = rank_fills.any(axis=1)
         tokens = np.where(filled, after[lo:hi, -1] if after.shape[1] else 0, -1)

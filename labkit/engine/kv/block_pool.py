@@ -210,6 +210,12 @@ class BlockPool:
         same[known] = self.generation[blocks[known]] == generations[known]
         return same
 
+    def still_holds(self, block: int, generation: int, key: int) -> bool:
+        """Is `block` still the one handed out at `generation`, and does it hold `key`?
+        (`unchanged` and `holds` for one block, without arrays.)"""
+        return block < len(self.generation) and int(self.generation[block]) == generation \
+            and int(self.block_key[block]) == key
+
     def holds(self, blocks: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Elementwise: does block[i] still hold keys[i]?"""
         return self.block_key[blocks] == keys

@@ -179,8 +179,7 @@ class KVManager:
         blocks, gens = hint.blocks, hint.generations
 
         def still_ours(j: int) -> bool:
-            b = blocks[j]
-            return pool.unchanged(b, gens[j]) and pool.block_key[b] == keys.key(j)
+            return pool.still_holds(int(blocks[j]), int(gens[j]), keys.key(j))
 
         # Both conditions hold on a prefix of the hint and fail after it: blocks are
         # reused tail first, and chained keys never re-converge once they differ.
