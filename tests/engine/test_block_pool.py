@@ -176,6 +176,7 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
         n = int(rng.integers(4, 24))
         pool, ref = BlockPool(n), NaivePool(n)
         held: list[list[int]] = []
+        marked = set()  # blocks registered by a step yet to run
         key_range = int(rng.integers(3, 3 * n))
         key_of = np.arange(key_range, dtype=np.int64)
         if seed >= 10:
@@ -201,9 +202,33 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
             elif held:
                 group = [b for b in held[int(rng.integers(len(held)))] if ref.key[b] is None]
                 keys = key_of[rng.integers(0, key_range, len(group))].tolist()
+                pending = bool(rng.integers(2))  # registered by a step yet to run
                 pool.cache_blocks(np.array(group, dtype=np.int32),
-                                  np.array(keys, dtype=np.int64))
+                                  np.array(keys, dtype=np.int64), pending=pending)
+                before = set(ref.cached.values())
                 ref.cache(group, keys)
+                got = set(ref.cached.values()) - before
+                marked = (marked - got) | (got if pending else set())
+            if marked and rng.integers(3) == 0:  # some pending steps run
+                ran = sorted(marked)[: int(rng.integers(1, len(marked) + 1))]
+                pool.written(np.array(ran, dtype=np.int32))
+                marked -= set(ran)
+            # a lookup's leading cached blocks, computed ones only or all
+            order = key_of[rng.permutation(key_range)[: int(rng.integers(0, key_range + 1))]]
+            for computed_only in (False, True):
+                lead = []
+                for k in order.tolist():
+                    b = ref.cached.get(k, -1)
+                    if b < 0 or (computed_only and b in marked):
+                        break
+                    lead.append(b)
+                assert pool.cached_prefix(order, computed_only).tolist() == lead
+            b = int(rng.integers(n))
+            if ref.key[b] is not None:
+                gen = int(pool.generation[b])
+                assert pool.still_holds(b, gen, ref.key[b])
+                assert not pool.still_holds(b, gen + 1, ref.key[b])
+                assert not pool.still_holds(b, gen, ref.key[b] + 1)
             expect = [ref.cached.get(k, -1) for k in key_of.tolist()]
             assert pool.cached_blocks(key_of).tolist() == expect
             assert [pool.cached_block(k) for k in key_of.tolist()] == expect
@@ -211,3 +236,40 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
             some = key_of[rng.integers(0, key_range, 3)].tolist()
             assert pool.cached_none(some) == all(k not in ref.cached for k in some)
             assert pool.free_order().tolist() == ref.free
+
+
+def test_the_free_queue_alone_keeps_vllms_order():
+    """`FreeBlockQueue` by itself, against a list: never-used blocks first, then freed
+    ones in the order freed; a hit takes a block out of the middle."""
+    from labkit.engine.kv.free_queue import FreeBlockQueue
+
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(1, 30))
+        queue, ref, used = FreeBlockQueue(n), list(range(n)), []
+        for _ in range(100):
+            op = rng.integers(3)
+            if op == 0 and ref:
+                k = int(rng.integers(1, len(ref) + 1))
+                assert queue.popleft(k).tolist() == ref[:k]
+                used += ref[:k]
+                ref = ref[k:]
+            elif op == 1 and used:
+                back = [used.pop(int(rng.integers(len(used))))
+                        for _ in range(int(rng.integers(1, len(used) + 1)))]
+                queue.append(np.array(back, dtype=np.int32))
+                ref += back
+            elif op == 2 and ref[n - queue.fresh:]:  # a hit on blocks freed before
+                freed = ref[n - queue.fresh:]
+                hit = sorted(set(rng.choice(freed, int(rng.integers(1, len(freed) + 1)))))
+                queue.remove(np.array(hit, dtype=np.int32))
+                ref = [b for b in ref if b not in hit]
+                used += hit
+            assert queue.order().tolist() == ref and queue.num_free == len(ref)
+            assert queue.peek(3).tolist() == ref[:3]
+        try:
+            queue.popleft(len(ref) + 1)
+        except RuntimeError as err:
+            assert "available" in str(err)
+        else:
+            raise AssertionError("expected an error")

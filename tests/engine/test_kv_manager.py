@@ -289,6 +289,11 @@ def test_block_keys_name_prefixes_across_block_sizes(engine_bs, trace_bs):
     assert same.tolist() == [(j + 1) * engine_bs <= shared_tokens for j in range(n)]
     assert len(set(ka.keys(0, ka.num_blocks).tolist())) == ka.num_blocks
     assert [ka.key(j) for j in range(n)] == ka.keys(0, n).tolist()
+    for start in range(ka.num_blocks + 1):  # any range: each key as `key` names it
+        for stop in range(start, ka.num_blocks + 1):
+            assert ka.keys(start, stop).tolist() == [ka.key(j) for j in range(start, stop)]
+    with pytest.raises(IndexError, match="keyed blocks"):
+        ka.keys(0, ka.num_blocks + 1)  # past the keys the ids define
 
 
 def test_token_keys_chain_over_whole_prefixes():
