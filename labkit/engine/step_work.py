@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass(slots=True)
@@ -87,19 +88,15 @@ class StepWork:
         rank_of[i], computes new[i, j] tokens over context[i, j] in step j (0: it sits
         the step out), a prefill chunk where prefill[i, j]. The sums `from_batches`
         makes of each step, with the chunks in its order (by rank, then request)."""
-        decode = (new > 0) & ~prefill
-        pairs = new * context + new * (new + 1) // 2
-        sums = [rank_sums(x.T, rank_of, ranks) for x in (
-            new * prefill, new * decode, prefill.astype(np.int64), decode.astype(np.int64),
-            (context + new) * (new > 0), pairs * prefill, pairs * decode, context * decode)]
-        step, i = np.nonzero(prefill.T)
-        chunks = (np.asarray(rank_of, dtype=np.int64)[i], new[i, step], context[i, step],
-                  step.astype(np.int64))
+        sums, chunks = _entry_sums(np.asarray(rank_of, dtype=np.int64), ranks, context, new,
+                                   prefill)
         return cls(*sums[:7], idle=(sums[2] + sums[3]) == 0, decode_context=sums[7],
-                   prefill_chunks=chunks)
+                   prefill_chunks=tuple(chunks))
 
     def rows(self, start: int, stop: int) -> StepWork:
-        """Steps [start, stop) (their chunks renumbered from 0)."""
+        """Steps [start, stop) (their chunks renumbered from 0); itself if that is all."""
+        if start == 0 and stop >= len(self.prefill_tokens):
+            return self  # (never written: the same as a copy of its rows)
         chunks = self.prefill_chunks
         if chunks is not None and len(chunks) == 4 and len(chunks[0]):
             keep = (chunks[3] >= start) & (chunks[3] < stop)
@@ -111,6 +108,35 @@ class StepWork:
     def head(self, k: int) -> StepWork:
         """The first k steps."""
         return self.rows(0, k)
+
+
+@njit(cache=True, nogil=True)
+def _entry_sums(rank_of, ranks: int, context, new, prefill):
+    """`from_entries` in one pass: the eight (k, ranks) sums — prefill and decode tokens,
+    prefill and decode requests, KV read, prefill and decode query-key pairs, decoding
+    context — and the chunks' (rank, new, context, step) columns, step by step."""
+    n, k = new.shape
+    sums = np.zeros((8, k, ranks), dtype=np.int64)
+    chunks = np.empty((4, n * k), dtype=np.int64)
+    m = 0
+    for j in range(k):
+        for i in range(n):
+            t, ctx, r = new[i, j], context[i, j], rank_of[i]
+            pairs = t * ctx + t * (t + 1) // 2
+            if t > 0:
+                sums[4, j, r] += ctx + t
+            if prefill[i, j]:
+                sums[0, j, r] += t
+                sums[2, j, r] += 1
+                sums[5, j, r] += pairs
+                chunks[0, m], chunks[1, m], chunks[2, m], chunks[3, m] = r, t, ctx, j
+                m += 1
+            elif t > 0:  # (0: not in the step)
+                sums[1, j, r] += t
+                sums[3, j, r] += 1
+                sums[6, j, r] += pairs
+                sums[7, j, r] += ctx
+    return sums, chunks[:, :m]
 
 
 def rank_sums(values: np.ndarray, rank_of, ranks: int) -> np.ndarray:
@@ -140,7 +166,9 @@ class StepTiming:
         return self.duration[:, None] - self.busy
 
     def rows(self, start: int, stop: int | None = None) -> StepTiming:
-        """Steps [start, stop) (to the last when stop is None)."""
+        """Steps [start, stop) (to the last when stop is None); itself if that is all."""
+        if start == 0 and (stop is None or stop >= len(self.duration)):
+            return self
         return type(self)(*(a[start:stop] for a in self._arrays()))
 
     def head(self, k: int) -> StepTiming:
