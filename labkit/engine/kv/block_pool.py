@@ -41,8 +41,7 @@ class BlockPool:
                  events: EventBus | None = None, rank: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
-        if not _loaded:
-            _load_loops()
+        load_loops()
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.events = events or EventBus()
@@ -228,12 +227,14 @@ class BlockPool:
 _loaded: list = []  # [True] once this process has loaded the compiled loops
 
 
-def _load_loops() -> None:
-    """Run each compiled loop once, on a small pool, with the argument types a replay
-    passes. A process's first call of a numba function loads it from numba's on-disk
-    cache (compiling it the first time ever): ~0.2 s in all, most of it numba setting
-    itself up. So it is paid where the first pool is built, with the engine, and not
-    in the middle of the first step that allocates."""
+def load_loops() -> None:
+    """Run each compiled loop once (the first time a process asks), on a small pool,
+    with the argument types a replay passes. A process's first call of a numba function
+    loads it from numba's on-disk cache (compiling it the first time ever): ~0.2 s in
+    all, most of it numba setting itself up. So it is paid where the first pool is
+    built, with the engine, and not in the middle of the first step that allocates."""
+    if _loaded:
+        return
     _loaded.append(True)
     pool = BlockPool(4)
     blocks = pool.allocate(3)
