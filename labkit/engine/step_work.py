@@ -110,7 +110,7 @@ class StepWork:
         return self.rows(0, k)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _entry_sums(rank_of, ranks: int, context, new, prefill):
     """`from_entries` in one pass: the eight (k, ranks) sums — prefill and decode tokens,
     prefill and decode requests, KV read, prefill and decode query-key pairs, decoding

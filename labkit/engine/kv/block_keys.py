@@ -88,7 +88,7 @@ class TraceBlockKeys:
         return _trace_keys(self.ids, self._ratio, self._split, start, stop)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _trace_keys(ids, r: int, split: bool, start: int, stop: int):
     out = np.empty(max(stop - start, 0), dtype=np.int64)
     for j in range(start, stop):

@@ -252,7 +252,7 @@ def load_loops() -> None:
 # The compiled operations: each changes the pool's arrays, the free queue's links and
 # the key index's array in one pass over its blocks (which are distinct).
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _take(prev, next_, state, num_blocks, n, ref_count, block_key, generation, slot):
     """`allocate`: the queue's first n blocks, their keys dropped (`_drop_keys`)."""
     blocks = pop_head(prev, next_, state, num_blocks, n)
@@ -262,7 +262,7 @@ def _take(prev, next_, state, num_blocks, n, ref_count, block_key, generation, s
     return (blocks, *_drop_keys(block_key, slot, blocks))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _drop_keys(block_key, slot, blocks):
     """The keyed ones of `blocks` lose their keys: (those blocks, their keys, how many
     of the keys the key array held)."""
@@ -279,7 +279,7 @@ def _drop_keys(block_key, slot, blocks):
     return evicted[:m], keys[:m], direct
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _hold(prev, next_, state, ref_count, blocks) -> None:
     """`touch`: a reference more to each block; an idle one leaves the queue."""
     for b in blocks:
@@ -288,7 +288,7 @@ def _hold(prev, next_, state, ref_count, blocks) -> None:
         ref_count[b] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _release(prev, next_, state, ref_count, blocks) -> bool:
     """`free`: a reference less to each block, in order; one left idle joins the queue's
     tail. False, changing nothing, if a block is not in use."""
@@ -305,7 +305,7 @@ def _release(prev, next_, state, ref_count, blocks) -> bool:
 _DONE, _KEYED, _OUTSIDE = range(3)  # what `_register` did
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _register(block_key, pending_mark, slot, blocks, keys, pending: bool):
     """`cache_blocks`: (_DONE, blocks that got their key, their keys); or, changing
     nothing, (_KEYED, ...) if a block holds a key already, (_OUTSIDE, ...) if a key is
@@ -329,7 +329,7 @@ def _register(block_key, pending_mark, slot, blocks, keys, pending: bool):
     return _DONE, fresh[:m], fresh_keys[:m]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _keyed_prefix(block_key, blocks) -> int:
     """How many leading blocks hold a key."""
     for i in range(len(blocks)):
@@ -338,7 +338,7 @@ def _keyed_prefix(block_key, blocks) -> int:
     return len(blocks)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _held_prefix(slot, pending, keys, computed_only: bool):
     """`cached_prefix` when the key array decides: (blocks, True); (_, False) if a key
     before the first one missing is outside the array."""
@@ -354,7 +354,7 @@ def _held_prefix(slot, pending, keys, computed_only: bool):
     return out, True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _takes_any(next_, state, num_blocks, n, size, blocks) -> bool:
     """Is one of `blocks` (below `size`, the arrays' length) among the queue's first n?
     One mark per block to be taken (never-used ones, past the arrays, cannot be)."""

@@ -128,19 +128,19 @@ def unlink_one(prev, next_, state, b) -> None:
     state[NUM_FREE] -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def link_tail(prev, next_, state, blocks) -> None:
     for b in blocks:
         link_one(prev, next_, state, b)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def unlink(prev, next_, state, blocks) -> None:
     for b in blocks:
         unlink_one(prev, next_, state, b)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def pop_head(prev, next_, state, num_blocks, n):
     """Remove and return the first n blocks: never-used ones first, then the list's
     head. The caller checked there are n and that the arrays cover the fresh ones."""
@@ -158,7 +158,7 @@ def pop_head(prev, next_, state, num_blocks, n):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def walk_head(next_, state, num_blocks, n):
     """The first n blocks (n at most the free count), the queue unchanged."""
     out = np.empty(n, dtype=np.int32)

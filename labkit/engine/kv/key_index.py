@@ -168,7 +168,7 @@ def clear_slot(slot, key) -> bool:
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def claim_all(slot, keys, blocks, holders) -> int:
     """`claim_slot` for each (key, block) in order (the first of several blocks with one
     key wins), each key's holder into `holders`; returns how many keys were new."""
