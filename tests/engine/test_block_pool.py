@@ -235,6 +235,8 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
             assert pool._cached.as_dict() == ref.cached and pool.num_cached == len(ref.cached)
             some = key_of[rng.integers(0, key_range, 3)].tolist()
             assert pool.cached_none(some) == all(k not in ref.cached for k in some)
+            assert pool.all_uncached(np.array(some, dtype=np.int64)) == (
+                len(set(some)) == len(some) and all(k not in ref.cached for k in some))
             assert pool.free_order().tolist() == ref.free
 
 

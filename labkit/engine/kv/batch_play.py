@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from labkit.engine.events import BlocksAllocated, BlocksCached, BlocksEvicted
 
@@ -87,10 +88,8 @@ def plan_batch(kv, reqs, counts: np.ndarray, committed: int,
             if full > table.num_written:
                 keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
                 registered.append((table, full, keys))
-    if registered:
-        keys = _joined([k for _, _, k in registered]).tolist()
-        if len(set(keys)) != len(keys) or not pool.cached_none(keys):
-            return None
+    if registered and not pool.all_uncached(_joined([k for _, _, k in registered])):
+        return None
     return BatchPlan(tables, counts, registered)
 
 
@@ -106,11 +105,11 @@ def play_batch(kv, plan: BatchPlan) -> None:
         if total in per_table:  # one table takes them all
             tables[per_table.index(total)].extend(blocks)
         else:
-            n, steps = counts.shape
-            owner = np.repeat(np.tile(np.arange(n), steps), counts.T.ravel())
-            for i, table in enumerate(tables):
-                if per_table[i]:
-                    table.extend(blocks[owner == i])
+            dealt, first = _by_table(blocks, counts), 0
+            for table, m in zip(tables, per_table):
+                if m:
+                    table.extend(dealt[first : first + m])
+                first += m
     if not registered:
         return
     kv.pool.cache_blocks(_joined([t.blocks[t.num_keyed : full] for t, full, _ in registered]),
@@ -188,3 +187,23 @@ def _last(mask: np.ndarray) -> int:
 def _joined(arrays: list) -> np.ndarray:
     """The arrays end to end (the one itself, uncopied, when there is one)."""
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+@njit(cache=True)
+def _by_table(blocks, counts):
+    """`blocks`, taken step by step and request by request (counts[i, j] by request i
+    in step j), regrouped request by request: request 0's in the order it took them,
+    then request 1's, ..."""
+    n, steps = counts.shape
+    at = np.zeros(n, dtype=np.int64)  # where request i's next block goes
+    for i in range(1, n):
+        at[i] = at[i - 1] + counts[i - 1].sum()
+    out = np.empty_like(blocks)
+    taken = 0
+    for j in range(steps):
+        for i in range(n):
+            for _ in range(counts[i, j]):
+                out[at[i]] = blocks[taken]
+                at[i] += 1
+                taken += 1
+    return out

@@ -175,6 +175,10 @@ class BlockPool:
         """Is none of these keys cached?"""
         return self._cached.none_of(keys)
 
+    def all_uncached(self, keys: np.ndarray) -> bool:
+        """Are these keys distinct, and none of them cached?"""
+        return self._cached.all_new(keys)
+
     def written(self, blocks: np.ndarray) -> None:
         """The step computing these blocks has run: their KV exists."""
         self.pending[blocks] = False

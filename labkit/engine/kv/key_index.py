@@ -83,6 +83,15 @@ class KeyIndex:
         keys = self.slot.nonzero()[0]
         return {**dict(zip(keys.tolist(), (self.slot[keys] - 1).tolist())), **self._other}
 
+    def all_new(self, keys: np.ndarray) -> bool:
+        """Are these keys distinct, and none of them held?"""
+        keys = np.asarray(keys, dtype=np.int64)
+        answer = distinct_unheld(self.slot, keys)
+        if answer >= 0:
+            return bool(answer)
+        # a key outside the array
+        return len(np.unique(keys)) == len(keys) and self.none_of(keys)
+
     def none_of(self, keys) -> bool:
         """Is none of these keys held?"""
         keys = np.asarray(keys, dtype=np.int64)
@@ -177,3 +186,23 @@ def claim_all(slot, keys, blocks, holders) -> int:
         holders[i] = claim_slot(slot, keys[i], blocks[i])
         new += holders[i] == blocks[i]
     return new
+
+
+@njit(cache=True)
+def distinct_unheld(slot, keys) -> int:
+    """1 if the keys are distinct and none is held, 0 if not, -1 if a key is outside the
+    array (nothing is decided then). Each key is marked in the array as it is met (-1,
+    which no block + 1 is), so a second meeting tells a repeat; the marks are undone."""
+    for key in keys:
+        if key < 0 or key >= len(slot):
+            return -1
+    answer, marked = 1, 0
+    for key in keys:
+        if slot[key] != 0:  # held, or marked: met before
+            answer = 0
+            break
+        slot[key] = -1
+        marked += 1
+    for i in range(marked):
+        slot[keys[i]] = 0
+    return answer
