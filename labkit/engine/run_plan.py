@@ -24,6 +24,7 @@ takes it where it continues exactly, and redoes only steps 2 and 3's bounds.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from labkit.engine.chunk_run import RunTokens, plan_tokens
 from labkit.engine.decode_run import DecodeRun, RunRest
@@ -77,12 +78,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     k, finishes = tokens.steps, tokens.finishes
     held, new = tokens.held, tokens.new
 
-    # Blocks each request must hold during step j: its slots are held + new tokens.
+    # Blocks each request takes when step j starts: its slots are held + new tokens.
     have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
-    block_size = schedulers[0].kv.block_size
-    need = np.where(new > 0, -(-(held[:, :k] + new) // block_size), 0)  # (n, k)
-    blocks = np.maximum.accumulate(np.maximum(need, have[:, None]), axis=1)
-    net = blocks - np.concatenate([have[:, None], blocks[:, :-1]], axis=1)  # (n, k)
+    net = _blocks_taken(held, new, have, schedulers[0].kv.block_size)  # (n, k)
     calls = net > 0
     if schedulers[0].kv.window is not None:
         slid = _window_slides(pairs, held[:, :k])
@@ -92,11 +90,10 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
     if scheduled and calls[:, 0].any():
         return None  # step 0's KV work is not all done: not the step scheduled
-    per_rank = rank_sums(net.T, rank_of, len(schedulers))  # (k, R)
     free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
-    fits = (per_rank.cumsum(axis=0) <= free[None, :]).all(axis=1)
-    if not fits.all():
-        k, finishes = int(fits.argmin()), False
+    taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
+    if fit < k:
+        k, finishes = fit, False
         if k < 1:
             return None
 
@@ -129,7 +126,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     if within < 1:
         return None
     used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
-    kv_used = used0[None, :] + per_rank[:k].cumsum(axis=0)
+    kv_used = used0[None, :] + taken[:k]
     run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                     net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
                     chunk_end, allocated=int(scheduled))
@@ -163,6 +160,43 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
         return parts[0], work  # rows(0, b), built once
     timing = StepTiming.joined(parts)
     return timing, rows(0, b)
+
+
+@njit(cache=True)
+def _blocks_taken(held, new, have, block_size: int):
+    """(n, k) blocks request i takes when step j starts: what its slots then (held +
+    new tokens, if it is in the step) need beyond the blocks it holds (`have` before
+    step 0)."""
+    n, k = new.shape
+    out = np.zeros((n, k), dtype=np.int64)
+    for i in range(n):
+        blocks = have[i]
+        for j in range(k):
+            if new[i, j] > 0:
+                need = -(-(held[i, j] + new[i, j]) // block_size)
+                if need > blocks:
+                    out[i, j] = need - blocks
+                    blocks = need
+    return out
+
+
+@njit(cache=True)
+def _taken_by_rank(net, rank_of, free):
+    """((k, R) blocks each rank has taken by the end of step j's start, how many steps
+    fit: the first that would take more than a rank's `free` blocks is not one)."""
+    n, k = net.shape
+    taken = np.zeros((k, len(free)), dtype=np.int64)
+    fit = k
+    for j in range(k):
+        for r in range(len(free)):
+            taken[j, r] = taken[j - 1, r] if j else 0
+        for i in range(n):
+            taken[j, rank_of[i]] += net[i, j]
+        if fit == k:
+            for r in range(len(free)):
+                if taken[j, r] > free[r]:
+                    fit = j
+    return taken, fit
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
