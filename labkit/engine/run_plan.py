@@ -23,6 +23,8 @@ takes it where it continues exactly, and redoes only steps 2 and 3's bounds.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -32,11 +34,20 @@ from labkit.engine.step_work import StepTiming, StepWork, rank_sums
 
 
 def accepted_before(step_index: int, steps: int, acceptance) -> np.ndarray:
-    """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q))."""
+    """cum[j] = tokens accepted in steps step_index .. step_index + j - 1 (A(x)=floor(x p/q)).
+    It depends on step_index only through step_index mod q (floor((mq + x) p/q) = mp +
+    floor(x p/q)), so the few distinct arrays are made once (read-only, shared)."""
     p, q = acceptance.numerator, acceptance.denominator
-    x = np.arange(step_index, step_index + steps + 1, dtype=np.int64)
+    return _accepted(step_index % q, steps, p, q)
+
+
+@functools.lru_cache(maxsize=256)
+def _accepted(phase: int, steps: int, p: int, q: int) -> np.ndarray:
+    x = np.arange(phase, phase + steps + 1, dtype=np.int64)
     total = (x * p) // q
-    return total - total[0]
+    cum = total - total[0]
+    cum.flags.writeable = False
+    return cum
 
 
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,

@@ -209,3 +209,21 @@ def test_a_run_starts_with_the_scheduled_step_only_if_it_is_that_step(monkeypatc
     assert not starts_as(run, edited(lambda b: b.requests.reverse()))
     assert not starts_as(run, edited(lambda b: b.remove(b.requests[-1])))
     assert not starts_as(run, edited(lambda b: b.add(b.requests[0], 1, True)))
+
+
+def test_accepted_tokens_follow_the_deterministic_counter():
+    """cum[j] of `accepted_before` (shared per step_index mod q) against the counter
+    written out: A(x) = floor(x p / q) tokens by step x, for any step and acceptance."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from labkit.engine.run_plan import accepted_before
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        acceptance = Fraction(int(rng.integers(1, 400)), int(rng.integers(1, 101)))
+        start, steps = int(rng.integers(0, 10**7)), int(rng.integers(0, 50))
+        p, q = acceptance.numerator, acceptance.denominator
+        expect = [(start + j) * p // q - start * p // q for j in range(steps + 1)]
+        assert accepted_before(start, steps, acceptance).tolist() == expect
