@@ -125,13 +125,14 @@ class BlockPool:
     def touch(self, blocks: np.ndarray) -> None:
         """Take a reference to blocks found in the cache (a prefix hit or a fork)."""
         queue = self._free
-        _hold(queue.prev, queue.next, queue.state, self.ref_count, blocks)
+        _hold(queue.prev, queue.next, queue.state, self.ref_count, np.asarray(blocks))
 
     def free(self, blocks: np.ndarray) -> None:
         """Drop one reference to each block; give them in the order they should be
         reused (a request passes its block table reversed, tail first)."""
         queue = self._free
-        if not _release(queue.prev, queue.next, queue.state, self.ref_count, blocks):
+        if not _release(queue.prev, queue.next, queue.state, self.ref_count,
+                        np.asarray(blocks)):
             raise RuntimeError(f"rank {self.rank}: freeing a block that is not in use")
 
     # ---------------------------------------------------------- prefix cache
@@ -254,7 +255,8 @@ def load_loops() -> None:
 
 
 # The compiled operations: each changes the pool's arrays, the free queue's links and
-# the key index's array in one pass over its blocks (which are distinct).
+# the key index's array in one pass over its blocks (which are distinct, and the pool's
+# own: unlike numpy's indexing, the loops do not check bounds).
 
 @njit(cache=True)
 def _take(prev, next_, state, num_blocks, n, ref_count, block_key, generation, slot):
