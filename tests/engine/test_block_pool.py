@@ -119,6 +119,8 @@ def check_against_reference(operations, num_blocks, lazy=False):
         assert pool.would_take_any(size + pick % 7, np.array(some, dtype=np.int32)) == \
             bool(set(ref.free[: size + pick % 7]) & set(some))
         assert pool.free_order().tolist() == ref.free
+        assert pool.num_idle(np.array(some, dtype=np.int32)) == sum(ref.ref[b] == 0
+                                                                     for b in some)
         refs = pool.ref_count.tolist()
         if lazy:  # blocks past the arrays were never used: ref count 0
             refs += [0] * (num_blocks - len(refs))

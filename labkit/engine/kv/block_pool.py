@@ -122,6 +122,11 @@ class BlockPool:
         return _takes_any(queue.next, queue.state, self.num_blocks, min(n, queue.num_free),
                           len(self.ref_count), blocks)
 
+    def num_idle(self, blocks: np.ndarray) -> int:
+        """How many of these blocks are free (ref count 0): what a hit on them takes
+        out of the free pool."""
+        return _idle(self.ref_count, np.asarray(blocks))
+
     def touch(self, blocks: np.ndarray) -> None:
         """Take a reference to blocks found in the cache (a prefix hit or a fork)."""
         queue = self._free
@@ -283,6 +288,14 @@ def _drop_keys(block_key, slot, blocks):
             direct += clear_slot(slot, key)
             block_key[b] = NO_KEY
     return evicted[:m], keys[:m], direct
+
+
+@njit(cache=True)
+def _idle(ref_count, blocks) -> int:
+    n = 0
+    for b in blocks:
+        n += ref_count[b] == 0
+    return n
 
 
 @njit(cache=True)

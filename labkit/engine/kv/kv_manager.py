@@ -212,11 +212,10 @@ class KVManager:
     def _full_blocks_to_take(self, req, table, num_new_tokens: int, match) -> int:
         if table is None:
             have, computed = len(match.blocks), match.num_tokens
-            shared = self.pool.ref_count[match.blocks]
-            need = int((shared == 0).sum())  # hits on free blocks leave the free pool
+            need = self.pool.num_idle(match.blocks)  # hits on free blocks leave the pool
             tail = match.blocks[-1] if len(match.blocks) else -1
             if match.forked and computed % self.block_size and (
-                    shared[-1] > 0 or self.pool.block_key[tail] != NO_KEY):
+                    self.pool.ref_count[tail] > 0 or self.pool.block_key[tail] != NO_KEY):
                 need += 1  # the adopted tail is not ours alone: writing into it copies it
         else:
             have, computed = table.n, req.num_computed_tokens

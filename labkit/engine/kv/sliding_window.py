@@ -152,7 +152,7 @@ class SlidingWindow:
         end = -(-(computed + num_new) // self.block_size)
         if table is None:
             held = hit_pages if hit_pages is not None else np.empty(0, dtype=np.int32)
-            need = int((self.pool.ref_count[held.ravel()] == 0).sum())
+            need = self.pool.num_idle(held.ravel())
             start = self._first_new(computed // self.block_size, computed + num_new, copied)
             return need + max(0, end - start) * self.pages_per_block
         slide_to = computed + num_new if copied else computed
