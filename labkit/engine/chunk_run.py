@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass(slots=True)
@@ -71,12 +72,11 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
         chunk = _chunks(scheduler, req, rank_decodes, step_index, cum, config, max_steps)
         if chunk is None:
             return None
-        sizes, last, after = chunk
+        sizes, before, last, after = chunk
         if req.kv_ready_s:  # landed (the run's requests are not on the wire)
             lands.append(i)
         steps = min(steps, after)
         pending = req.num_pending_tokens
-        before = np.concatenate([[0], np.cumsum(sizes)])  # tokens computed before step j
         held[i, : last + 1] = req.num_computed_tokens + before[: last + 1]
         new[i, : last + 1] = sizes[: last + 1]
         prefill[i, : last + 1] = sizes[: last + 1] > 0
@@ -94,9 +94,10 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
 
 def _chunks(scheduler, req, rank_decodes: int, step_index: int, cum, config,
             max_steps: int):
-    """(chunk sizes of req's prefill per step (max_steps,), the step that ends its prompt
-    (max_steps if none does), the steps a run may take before its decodes would be cut
-    by the budget), or None where the plan would not be exact."""
+    """(chunk sizes of req's prefill per step (max_steps,), the tokens computed before
+    each step (max_steps + 1,), the step that ends its prompt (max_steps if none does),
+    the steps a run may take before its decodes would be cut by the budget), or None
+    where the plan would not be exact."""
     width = config.tokens_per_decode_step
     budget = config.max_num_batched_tokens
     threshold = config.long_prefill_token_threshold
@@ -105,13 +106,27 @@ def _chunks(scheduler, req, rank_decodes: int, step_index: int, cum, config,
     pending = req.num_pending_tokens
     if share <= 0 or req.remaining_output_tokens <= 1:
         return None
-    # the steps off the prefill_schedule_interval beat defer it (when someone decodes)
-    index = step_index + np.arange(max_steps, dtype=np.int64)
-    active = (index % config.prefill_schedule_interval == 0) | (rank_decodes == 0)
-    done = np.minimum(np.cumsum(np.where(active, share, 0)), pending)  # by step j's end
-    last = int(np.searchsorted(done, pending, side="left"))  # the step that ends it
-    sizes = done.copy()
-    sizes[1:] -= done[:-1]
+    sizes, before, last = _chunk_sizes(step_index, max_steps,
+                                       config.prefill_schedule_interval, rank_decodes > 0,
+                                       share, pending)
     # decoding itself from then on: the budget must cover every decode of the rank
     after = max_steps if (rank_decodes + 1) * width <= budget else last + 1
-    return sizes, last, after
+    return sizes, before, last, after
+
+
+@njit(cache=True)
+def _chunk_sizes(step_index: int, max_steps: int, interval: int, others: bool, share: int,
+                 pending: int):
+    """(the chunk of each step, the tokens computed before each step, the step that
+    computes the last pending token (max_steps if none)): `share` a step, except on the
+    steps off the prefill_schedule_interval beat, which defer it when `others` decode."""
+    sizes = np.zeros(max_steps, dtype=np.int64)
+    before = np.zeros(max_steps + 1, dtype=np.int64)
+    last = max_steps
+    for j in range(max_steps):
+        if (step_index + j) % interval == 0 or not others:
+            sizes[j] = min(share, pending - before[j])
+        before[j + 1] = before[j] + sizes[j]
+        if last == max_steps and before[j + 1] >= pending:
+            last = j
+    return sizes, before, last
