@@ -139,21 +139,6 @@ class KeyIndex:
             for _ in map(self._other.pop, keys[~self._split(keys)].tolist()):
                 pass
 
-    def drop(self, keys: np.ndarray) -> None:
-        """Forget keys that are held (each once)."""
-        keys = np.asarray(keys, dtype=np.int64)
-        inside = self._split(keys)
-        if inside.all():
-            self.slot[keys] = 0
-            self._direct_count -= len(keys)
-            return
-        if inside.any():
-            self.slot[keys[inside]] = 0
-            self._direct_count -= int(inside.sum())
-        # a C-level loop; `pop` is called without building an argument tuple per key
-        for _ in map(self._other.pop, keys[~inside].tolist()):
-            pass
-
 
 # The loops the pool's compiled operations share (`block_pool.py`): the array's side of
 # `dict.setdefault` and `dict.pop`.
