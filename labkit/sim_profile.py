@@ -31,8 +31,7 @@ import pandas as pd
 # (module, owner in it (a class, or "" for a module-level name), attributes, group)
 ENGINE_PARTS = [
     ("labkit.engine.kv.block_pool", "BlockPool",
-     ("allocate", "cache_blocks", "cached_blocks", "cached_prefix", "free", "touch"),
-     "block pool"),
+     ("allocate", "cache_blocks", "cached_prefix", "free", "touch"), "block pool"),
     ("labkit.engine.kv.kv_manager", "KVManager",
      ("lookup", "allocate", "cache_full_blocks", "free"), "KV manager"),
     # plan_decode_run is looked up where it is called, in instance.py

@@ -84,16 +84,13 @@ class BlockPool:
     def allocate(self, n: int) -> np.ndarray:
         """n fresh blocks (ref count 1), evicting the least recently freed ones."""
         queue = self._free
-        if n > queue.num_free:
-            raise RuntimeError(f"asked for {n} free blocks, {queue.num_free} available")
-        need = queue.fresh_after(n)
+        need = queue.make_room(n)
         if need > len(self.ref_count):  # first use of blocks past the arrays
             limit = self.num_blocks
             self.ref_count = grown(self.ref_count, need, limit, 0)
             self.block_key = grown(self.block_key, need, limit, NO_KEY)
             self.generation = grown(self.generation, need, limit, 0)
             self.pending = grown(self.pending, need, limit, False)
-            queue.grow(need)
         blocks, *evicted = _take(queue.prev, queue.next, queue.state, self.num_blocks, n,
                                  self.ref_count, self.block_key, self.generation,
                                  self._cached.slot)

@@ -63,15 +63,17 @@ class FreeBlockQueue:
     def __len__(self) -> int:
         return self.num_free
 
-    def fresh_after(self, n: int) -> int:
-        """`fresh` once n more blocks are taken (what the per-block arrays must cover)."""
+    def make_room(self, n: int) -> int:
+        """Before n blocks are taken: check there are n, and cover the never-used ones
+        among them (first use of blocks past the arrays). Returns the length the
+        per-block arrays must have (the pool's too)."""
+        if n > self.num_free:
+            raise RuntimeError(f"asked for {n} free blocks, {self.num_free} available")
         fresh = self.fresh
-        return fresh + min(n, self.num_blocks - fresh)
-
-    def grow(self, needed: int) -> None:
-        """Cover blocks below `needed` (blocks about to be handed out for the first time)."""
+        needed = fresh + min(n, self.num_blocks - fresh)
         self.prev = grown(self.prev, needed, self.num_blocks, NONE)
         self.next = grown(self.next, needed, self.num_blocks, NONE)
+        return needed
 
     def append(self, blocks: np.ndarray) -> None:
         """Queue blocks at the tail, first element to be reused first."""
@@ -83,9 +85,7 @@ class FreeBlockQueue:
 
     def popleft(self, n: int) -> np.ndarray:
         """The n least recently freed blocks, removed from the queue."""
-        if n > self.num_free:
-            raise RuntimeError(f"asked for {n} free blocks, {self.num_free} available")
-        self.grow(self.fresh_after(n))
+        self.make_room(n)
         return pop_head(self.prev, self.next, self.state, self.num_blocks, n)
 
     def peek(self, n: int) -> np.ndarray:
