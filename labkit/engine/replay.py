@@ -39,6 +39,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from labkit import checks
+from labkit.engine.gc_pause import old_objects_frozen
 from labkit.engine.kv.block_keys import ID_LIMIT, TraceBlockKeys, check_block_sizes
 from labkit.engine.metrics import ReplayResult, collect_result
 from labkit.engine.oversize import oversized_requests, plan_skips, skipped_row
@@ -280,14 +281,15 @@ class ReplayRun:
         return engine.now
 
     def finish(self, progress: bool = False) -> ReplayResult:
-        if not progress:
-            while self.engine.step():
-                pass
-        elif self.duration_s is not None:
-            _run_timed(self, self.duration_s)
-        else:
-            _run_counted(self)
-        return self.result()
+        with old_objects_frozen():  # (full collections skip them: `gc_pause.py`)
+            if not progress:
+                while self.engine.step():
+                    pass
+            elif self.duration_s is not None:
+                _run_timed(self, self.duration_s)
+            else:
+                _run_counted(self)
+            return self.result()
 
     def result(self) -> ReplayResult:
         return collect_result(self.engine, warmup_s=self.warmup_s, end_s=self.end_s,

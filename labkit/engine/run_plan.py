@@ -130,9 +130,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     if priced is None:
         timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
                                     step_guess_s, chunk_end)
-    ends = np.concatenate([[now], timing.duration]).cumsum()[1:]
+    times = _running_sum(now, timing.duration)  # each step starts where the last ended
+    start, ends = times[:-1], times[1:]
     within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
-    start = np.concatenate([[now], ends[:-1]])
     within = min(within, int(start.searchsorted(landing, side="left")))
     if within < 1:
         return None
@@ -165,12 +165,22 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
         parts.append(cost_model.step_timing(work, lockstep))
         durations = np.concatenate([p.duration for p in parts])
         # as plan_decode_run finds the steps' ends (same sums, same rounding)
-        if b < k and np.concatenate([[now], durations]).cumsum()[-1] >= horizon:
+        if b < k and _running_sum(now, durations)[-1] >= horizon:
             break
     if len(parts) == 1:
         return parts[0], work  # rows(0, b), built once
     timing = StepTiming.joined(parts)
     return timing, rows(0, b)
+
+
+def _running_sum(now: float, durations: np.ndarray) -> np.ndarray:
+    """[now, now + d0, (now + d0) + d1, ...]: the steps' start times and, last, the end
+    of the last (added one by one, so a step's end is the same float however many
+    steps are summed)."""
+    times = np.empty(len(durations) + 1)
+    times[0] = now
+    times[1:] = durations
+    return times.cumsum(out=times)
 
 
 @njit(cache=True)

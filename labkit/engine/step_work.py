@@ -34,7 +34,8 @@ class StepWork:
     idle: np.ndarray  # bool: the rank had nothing to do (runs a dummy step in lockstep)
     decode_context: np.ndarray | None = None  # sum of decoding requests' contexts
     # every prefill chunk as (rank, new tokens, context, step) columns, so a cost model
-    # can price each chunk's attention on its own shape (step: the row it belongs to)
+    # can price each chunk's attention on its own shape (step: the row it belongs to;
+    # listed step by step)
     prefill_chunks: tuple | None = None
     chunk_share: object = 1.0  # a micro-batch carries 1 / chunk_share of those chunks
     # every step (row) has the same counts — tokens and requests of each kind, idle —
@@ -99,11 +100,15 @@ class StepWork:
             return self  # (never written: the same as a copy of its rows)
         chunks = self.prefill_chunks
         if chunks is not None and len(chunks) == 4 and len(chunks[0]):
-            keep = (chunks[3] >= start) & (chunks[3] < stop)
-            chunks = (*(c[keep] for c in chunks[:3]), chunks[3][keep] - start)
-        return StepWork(*(getattr(self, f)[start:stop] for f in StepWork.__slots__[:9]),
-                        prefill_chunks=chunks, chunk_share=self.chunk_share,
-                        same_counts=self.same_counts)
+            # (listed step by step: the chunks of these steps are one slice)
+            lo, hi = chunks[3].searchsorted((start, stop)).tolist()
+            chunks = (*(c[lo:hi] for c in chunks[:3]), chunks[3][lo:hi] - start)
+        s = slice(start, stop)
+        return StepWork(self.prefill_tokens[s], self.decode_tokens[s],
+                        self.num_prefill_reqs[s], self.num_decode_reqs[s],
+                        self.kv_read_tokens[s], self.prefill_pairs[s], self.decode_pairs[s],
+                        self.idle[s], self.decode_context[s], prefill_chunks=chunks,
+                        chunk_share=self.chunk_share, same_counts=self.same_counts)
 
     def head(self, k: int) -> StepWork:
         """The first k steps."""
