@@ -144,3 +144,47 @@ def test_declined_batches_would_differ(monkeypatch):
             kv.play_batch(plan)
             differ += _state(kv, reqs) != _state(ref_kv, ref_reqs)
     assert differ > 0
+
+
+def test_a_playbacks_kv_events_match_their_definition():
+    """`_kv_events` (one compiled pass) against its definition in numpy: each request's
+    calls, the ranks that play call by call for a prefill chunk or a landed prefix,
+    the last step each rank allocates / fills in, the tokens of requests that fill."""
+    from labkit.engine.kv.batch_play import NONE, _kv_events
+
+    def last(mask) -> int:
+        hits = mask.nonzero()[0]
+        return int(hits[-1]) if len(hits) else NONE
+
+    rng = np.random.default_rng(5)
+    seen_chunky = seen_plain = 0
+    for _ in range(400):
+        n, k = int(rng.integers(1, 7)), int(rng.integers(1, 12))
+        cuts = np.sort(rng.choice(np.arange(1, n), size=int(rng.integers(0, n)), replace=False))
+        lo = np.concatenate([[0], cuts]).astype(np.int64)
+        hi = np.append(lo[1:], n)
+        start = int(rng.integers(0, k))
+        alloc_stop = int(rng.integers(start, k + 2))  # (past the run: stops at its end)
+        first = int(rng.integers(0, start + 1))
+        kv_calls = rng.random((n, k)) < 0.3
+        fills = rng.random((n, int(rng.integers(0, 5)))) < 0.3
+        after = rng.integers(0, 10_000, size=n)
+        with_chunks = rng.random() < 0.5
+        prefill = rng.random((n, k)) < 0.15 if with_chunks else kv_calls[:, :0]
+        landing = (rng.random(n) < 0.2) & with_chunks
+        calls, chunky, la, lf, tokens = _kv_events(kv_calls, prefill, fills, landing, after,
+                                                   lo, start, first, alloc_stop)
+        want = kv_calls[:, start:alloc_stop].sum(axis=1) + fills.sum(axis=1)
+        if with_chunks:
+            want = want + prefill[:, start:alloc_stop].sum(axis=1) + landing
+        assert calls.tolist() == want.tolist()
+        assert tokens.tolist() == np.where(fills.any(axis=1), after, -1).tolist()
+        for r, (a, b) in enumerate(zip(lo, hi)):
+            chunk = with_chunks and bool(
+                (prefill[a:b, first:alloc_stop].any(axis=1) | landing[a:b]).any())
+            assert chunky[r] == chunk
+            seen_chunky += chunk
+            seen_plain += not chunk
+            assert la[r] == last(kv_calls[a:b, start:alloc_stop].any(axis=0))
+            assert lf[r] == last(fills[a:b].any(axis=0))
+    assert seen_chunky > 50 and seen_plain > 50

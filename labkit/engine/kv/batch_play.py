@@ -47,6 +47,7 @@ from labkit.engine.events import BlocksAllocated, BlocksCached, BlocksEvicted
 # one batch costs more than the calls; on the fast workload of `labkit bench sim`, 3
 # plays ~2-3 % faster than 6, 2 the same as 3)
 BATCH_EVENTS = 3
+NONE = -(1 << 40)  # `_kv_events`: no such step (below any index, even offset)
 
 
 @dataclass(slots=True)
@@ -127,43 +128,81 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
     of `run.pairs`) left to play call by call: those of ranks with few calls, or where
     the rank cannot tell that a batch gives the same result."""
     start = run.allocated
-    calls = run.kv_calls[:, start:alloc_stop]
-    per_request = calls.sum(axis=1) + fills.sum(axis=1)
-    if run.prefill is not None:  # a rank with prefill chunks plays call by call (their
-        # blocks are registered when their step starts, between allocations)
-        # (and so does a rank taking in a landed prefix before its first chunk)
-        landing = np.zeros(len(run.pairs), dtype=np.int64)
-        landing[list(run.lands if start == 0 else ())] = 1
-        per_request = per_request + run.prefill[:, start:alloc_stop].sum(axis=1) + landing
-        chunks = run.prefill[:, first:alloc_stop].any(axis=1) | (landing > 0)
+    ranks = _ranks(run.pairs)
+    # A rank with prefill chunks plays call by call (their blocks are registered when
+    # their step starts, between allocations), and so does one taking in a landed
+    # prefix before its first chunk; a request without calls takes nothing and
+    # registers nothing (it may stay in a batch).
+    landing = np.zeros(len(run.pairs), dtype=np.bool_)
+    if start == 0:
+        landing[list(run.lands)] = True
+    prefill = run.prefill if run.prefill is not None else run.kv_calls[:, :0]
+    calls, chunky, la, lf, tokens = _kv_events(
+        run.kv_calls, prefill, fills, landing,
+        after[:, -1] if after.shape[1] else np.zeros(len(run.pairs), dtype=np.int64),
+        np.array([lo for _, lo, _ in ranks], dtype=np.int64), start, first, alloc_stop)
     committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
-    left = []
-    for scheduler, lo, hi in _ranks(run.pairs):
-        active = per_request[lo:hi]
-        if active.sum() < BATCH_EVENTS or not plays_in_batches(scheduler.kv) or \
-                (run.prefill is not None and chunks[lo:hi].any()):
-            left += (lo + np.flatnonzero(active)).tolist()
+    calls, left = calls.tolist(), []
+    for r, (scheduler, lo, hi) in enumerate(ranks):
+        if sum(calls[lo:hi]) < BATCH_EVENTS or chunky[r] or not plays_in_batches(scheduler.kv):
+            left += [i for i in range(lo, hi) if calls[i]]
             continue
-        # (a request without calls takes nothing and registers nothing: it may stay in)
-        kv, reqs = scheduler.kv, [r for _, r in run.pairs[lo:hi]]
-        rank_calls, rank_fills = calls[lo:hi], fills[lo:hi]
+        kv, reqs = scheduler.kv, [req for _, req in run.pairs[lo:hi]]
         # blocks request i takes when step j starts, as the run planned them (without
         # sliding-window pages, what `KVManager.allocate` finds then)
         counts = run.new_blocks[lo:hi, start:alloc_stop]
-        # a request's blocks registered: those full after its last step that fills one
-        filled = rank_fills.any(axis=1)
-        tokens = np.where(filled, after[lo:hi, -1] if after.shape[1] else 0, -1)
-        plan = plan_batch(kv, reqs, counts, committed, tokens)
+        plan = plan_batch(kv, reqs, counts, committed, tokens[lo:hi])
         if plan is None:
-            left += (lo + np.flatnonzero(active)).tolist()
+            left += [i for i in range(lo, hi) if calls[i]]
             continue
         play_batch(kv, plan)
         # the time stamp the pool is left with: its last event's (register at boundary
         # j + 1 = ends[j], allocate at boundary j = start[j], register first)
-        la = _last(rank_calls.any(axis=0)) + start
-        lf = _last(rank_fills.any(axis=0)) + first + 1
-        kv.set_time(float(run.start[la]) if la >= lf else float(ends[lf - 1]))
+        last_alloc, last_fill = la[r] + start, lf[r] + first + 1
+        kv.set_time(float(run.start[last_alloc]) if last_alloc >= last_fill
+                    else float(ends[last_fill - 1]))
     return sorted(left)
+
+
+@njit(cache=True)
+def _kv_events(kv_calls, prefill, fills, landing, last_after, rank_lo, start: int,
+               first: int, alloc_stop: int):
+    """What `play_run_in_batches` reads of a run's steps being played, in one pass:
+    each request's KV calls (allocations in steps [start, alloc_stop), blocks filled,
+    prefill chunks registered there and a landed prefix taken in); per rank whether
+    a request computes a chunk in steps [first, alloc_stop) or takes in a landed
+    prefix, the last step (from `start`) in which one of its requests allocates and
+    the last (from `first`) in which one fills a block (NONE if none); each request's
+    tokens with KV after its steps if it fills a block then (-1 if not)."""
+    n = kv_calls.shape[0]
+    ranks = len(rank_lo)
+    alloc_stop = min(alloc_stop, kv_calls.shape[1])  # (as a slice would stop)
+    calls = np.zeros(n, dtype=np.int64)
+    chunky = np.zeros(ranks, dtype=np.bool_)
+    last_alloc = np.full(ranks, NONE, dtype=np.int64)
+    last_fill = np.full(ranks, NONE, dtype=np.int64)
+    tokens = np.full(n, -1, dtype=np.int64)
+    r = -1
+    for i in range(n):
+        while r + 1 < ranks and rank_lo[r + 1] <= i:
+            r += 1
+        for j in range(start, alloc_stop):
+            if kv_calls[i, j]:
+                calls[i] += 1
+                last_alloc[r] = max(last_alloc[r], j - start)
+        for j in range(fills.shape[1]):
+            if fills[i, j]:
+                calls[i] += 1
+                last_fill[r] = max(last_fill[r], j)
+                tokens[i] = last_after[i]
+        if prefill.shape[1]:
+            for j in range(start, alloc_stop):
+                calls[i] += prefill[i, j]
+            for j in range(first, alloc_stop):
+                chunky[r] |= prefill[i, j]
+            calls[i] += landing[i]
+            chunky[r] |= landing[i]
+    return calls, chunky, last_alloc, last_fill, tokens
 
 
 def _ranks(pairs) -> list:
@@ -176,12 +215,6 @@ def _ranks(pairs) -> list:
         else:
             out.append([scheduler, i, i + 1])
     return out
-
-
-def _last(mask: np.ndarray) -> int:
-    """The index of the last True of a 1-d mask (a large negative number if none)."""
-    hits = mask.nonzero()[0]
-    return int(hits[-1]) if len(hits) else -(1 << 40)
 
 
 def _joined(arrays: list) -> np.ndarray:
