@@ -30,6 +30,7 @@ efficiency at only ~0.3, i.e. these bytes (mostly Q and O when few tokens are ne
 from __future__ import annotations
 
 import numpy as np
+from numba.extending import register_jitable
 
 from labkit.costmodel.curves import causal_pairs, smooth_max
 from labkit.costmodel.device import Device
@@ -45,13 +46,22 @@ def kv_factor(kv_dtype: str, fp8_factor: float) -> float:
 def attention_decode_seconds(dev: Device, p: DecodeAttentionParams, batch, context, num_heads,
                              num_kv_heads, head_dim, kv_bytes: float,
                              kv_dtype: str) -> np.ndarray:
+    return decode_seconds(batch, context, num_heads, num_kv_heads, head_dim, kv_bytes,
+                          kv_factor(kv_dtype, p.fp8_kv_factor),
+                          dev.hbm_bandwidth * p.memory_eff, dev.sms, p.unit_s, p.launch_s)
+
+
+@register_jitable  # (a plain function; the engine's decode runs also call it compiled)
+def decode_seconds(batch, context, num_heads, num_kv_heads, head_dim, kv_bytes, fp8_factor,
+                   hbm_rate, sms, unit_s, launch_s):
+    """`attention_decode_seconds` on numbers: `fp8_factor` the KV bytes' factor
+    (`kv_factor`), `hbm_rate` the HBM bandwidth times its efficiency."""
     attended = context + 1.0  # the new token attends to itself too
     kv = batch * attended * num_kv_heads * head_dim * 2.0 * kv_bytes
     q_and_o = batch * num_heads * head_dim * 2.0 * 2.0
-    memory = (kv * kv_factor(kv_dtype, p.fp8_kv_factor) + q_and_o) / (
-        dev.hbm_bandwidth * p.memory_eff)
-    units = batch * num_kv_heads * p.unit_s * (head_dim / 128.0) / dev.sms
-    return p.launch_s + smooth_max(memory, units)
+    memory = (kv * fp8_factor + q_and_o) / hbm_rate
+    units = batch * num_kv_heads * unit_s * (head_dim / 128.0) / sms
+    return launch_s + smooth_max(memory, units)
 
 
 def prefill_core_seconds(dev: Device, p: PrefillAttentionParams, batch, new_tokens, prefix,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from numba.extending import register_jitable
 
 from labkit.errors import ConfigError
 
@@ -60,6 +61,7 @@ def result(seconds: np.ndarray):
     return float(seconds) if seconds.ndim == 0 else seconds
 
 
+@register_jitable  # (a plain function; compiled code may call it too)
 def smooth_max(*terms: np.ndarray) -> np.ndarray:
     """sqrt(sum of squares): the larger term when one dominates, softer at the crossover."""
     total = terms[0] * terms[0]

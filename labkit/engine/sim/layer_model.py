@@ -45,6 +45,7 @@ import numpy as np
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
+from labkit.engine.sim.decode_rows import DecodeRows
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
@@ -102,6 +103,9 @@ class LayerStepModel:
         p = placement
         self.comm_reads_context = lay.kvpp > 1 or p.gathers_prefix_for_prefill() \
             or p.gathers_shards_for_prefill()
+        # a run of decodes priced in one compiled loop where that is this model's sum
+        # (`decode_rows.py`; it reads the memo's count pieces as numbers)
+        self.decode_rows = DecodeRows(self) if memoize and DecodeRows.applies(self) else None
 
     @classmethod
     def from_config(cls, placement: Placement, ops, config: EngineConfig,
@@ -139,6 +143,11 @@ class LayerStepModel:
         pp = self.layout.pp
         counts = self._counts(work, lockstep)
         fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
+        if self.decode_rows is not None and np.ndim(counts.num_decode_reqs) == 0 \
+                and not _has_chunks(work):  # (steps of one rank, all with these counts)
+            timing = self.decode_rows.timing(work, fixed)
+            if timing is not None:
+                return timing
         padded, extra = fixed.padded, fixed.extra
         stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded,
                                                         fixed)
@@ -289,7 +298,7 @@ class LayerStepModel:
         """One attention layer's core over the step's contexts; `window` > 0: a
         sliding-window layer, whose queries read at most `window` positions each."""
         core = self.attention.decode_core(work, decoders, window)
-        if work.prefill_chunks is not None and len(work.prefill_chunks[0]):
+        if _has_chunks(work):
             core = core + self.attention.prefill_core(work, window)
         return core  # (without chunks, adding prefill's zeros would change no bit)
 
@@ -409,6 +418,10 @@ def _full(x, shape) -> np.ndarray:
     out = np.empty(shape)  # (filled by broadcasting, as np.full does a number)
     out[...] = x
     return out
+
+
+def _has_chunks(work: StepWork) -> bool:
+    return work.prefill_chunks is not None and len(work.prefill_chunks[0]) > 0
 
 
 def _prefill_prefix(work: StepWork):

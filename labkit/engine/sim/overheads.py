@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba.extending import register_jitable
 
 from labkit.errors import ConfigError
 from labkit.specs.config import CUDAGRAPH_MODES
@@ -200,6 +201,14 @@ class StepOverheads:
 
     def step_s(self, gpu: np.ndarray, cpu: np.ndarray, launch: np.ndarray) -> np.ndarray:
         """One rank's step: GPU kernels and CPU work, overlapped as the scheduler allows."""
-        if self.async_scheduling:
-            return np.maximum(gpu, cpu + launch) + self.params.step_gap_s
-        return cpu + np.maximum(gpu, launch) + self.params.step_gap_s
+        return overlapped_step_s(gpu, cpu, launch, self.params.step_gap_s,
+                                 self.async_scheduling)
+
+
+@register_jitable  # (a plain function; the engine's decode runs also call it compiled)
+def overlapped_step_s(gpu, cpu, launch, gap: float, async_scheduling: bool):
+    """`StepOverheads.step_s` on numbers: async scheduling prepares the next step while
+    the GPU runs this one; otherwise the CPU work comes first."""
+    if async_scheduling:
+        return np.maximum(gpu, cpu + launch) + gap
+    return cpu + np.maximum(gpu, launch) + gap
