@@ -29,10 +29,10 @@ import numpy as np
 from numba import njit
 
 from labkit.costmodel.attention import decode_seconds, kv_factor
-from labkit.costmodel.model import _kv
 from labkit.engine.sim.memo import MAX_ENTRIES
 from labkit.engine.sim.overheads import overlapped_step_s
 from labkit.engine.step_work import StepTiming
+from labkit.specs.dtypes import dtype_bytes
 
 
 class DecodeRows:
@@ -44,8 +44,9 @@ class DecodeRows:
         attn, ops, m = model.attention, model.ops, model.model
         dev, p = ops.device, ops.params.decode_attention
         self.model = model
+        kv = attn.kv_dtype
         self.core = (float(attn.dcp_heads), float(attn.kv_heads), float(m.head_dim),
-                     _kv(attn.kv_dtype), kv_factor(attn.kv_dtype, p.fp8_kv_factor),
+                     float(dtype_bytes(kv)), kv_factor(kv, p.fp8_kv_factor),
                      dev.hbm_bandwidth * p.memory_eff, dev.sms, p.unit_s, p.launch_s)
         self.gap = model.overheads.params.step_gap_s
         self.async_scheduling = model.overheads.async_scheduling
@@ -61,8 +62,9 @@ class DecodeRows:
     def timing(self, work, fixed) -> StepTiming | None:
         """The StepTiming of `work`, steps of one rank whose count pieces are `fixed`
         (the memo's, numbers); None where the loop is not the numpy path."""
+        # (an entry holds its pieces alive, so their id is not another's meanwhile)
         found = self._numbers.get(id(fixed))
-        if found is None or found[0] is not fixed:  # (an id may be reused once freed)
+        if found is None or found[0] is not fixed:
             if len(self._numbers) >= MAX_ENTRIES:
                 self._numbers.clear()
             found = self._numbers[id(fixed)] = (fixed, *self._step_numbers(fixed))
