@@ -68,20 +68,30 @@ def prefill_core_seconds(dev: Device, p: PrefillAttentionParams, batch, new_toke
                          num_heads, num_kv_heads, qk_dim, v_dim, kv_bytes: float,
                          fp8_factor: float) -> np.ndarray:
     """Causal prefill attention with separate QK and V head dims (MLA prefill has 192/128)."""
-    pair_flops = 2.0 * (qk_dim + v_dim + 2.0 * p.softmax_dims)  # per (query, key, head)
-    rate = dev.flops("bf16") * p.compute_eff
+    return prefill_seconds(batch, new_tokens, prefix, num_heads, num_kv_heads, qk_dim, v_dim,
+                           kv_bytes, fp8_factor, dev.flops("bf16") * p.compute_eff, dev.sms,
+                           p.softmax_dims, dev.hbm_bandwidth * p.memory_eff, p.unit_s,
+                           p.launch_s)
+
+
+@register_jitable  # (a plain function; the engine's step rows also call it compiled)
+def prefill_seconds(batch, new_tokens, prefix, num_heads, num_kv_heads, qk_dim, v_dim,
+                    kv_bytes, fp8_factor, rate, sms, softmax_dims, hbm_rate, unit_s, launch_s):
+    """`prefill_core_seconds` on numbers: `rate` the bf16 peak times the MMAs'
+    efficiency, `hbm_rate` the HBM bandwidth times its efficiency."""
+    pair_flops = 2.0 * (qk_dim + v_dim + 2.0 * softmax_dims)  # per (query, key, head)
     total = batch * num_heads * causal_pairs(new_tokens, prefix) * pair_flops / rate
     # the last query tile of a sequence attends to all keys; it runs on one SM
     tile_rows = np.minimum(new_tokens, Q_TILE)
-    longest = tile_rows * (prefix + new_tokens) * pair_flops / (rate / dev.sms)
+    longest = tile_rows * (prefix + new_tokens) * pair_flops / (rate / sms)
     compute = smooth_max(total, longest) * fp8_factor
     head_dim = (qk_dim + v_dim) * 0.5
     kv_read = batch * (prefix + new_tokens) * num_kv_heads * head_dim * 2.0 * kv_bytes
     kv_write = batch * new_tokens * num_kv_heads * head_dim * 2.0 * 2.0
     q_and_o = batch * new_tokens * num_heads * head_dim * 2.0 * 2.0
-    memory = (kv_read + kv_write + q_and_o) / (dev.hbm_bandwidth * p.memory_eff)
-    units = batch * num_kv_heads * p.unit_s * (head_dim / 128.0) / dev.sms
-    return p.launch_s + smooth_max(compute, memory, units)
+    memory = (kv_read + kv_write + q_and_o) / hbm_rate
+    units = batch * num_kv_heads * unit_s * (head_dim / 128.0) / sms
+    return launch_s + smooth_max(compute, memory, units)
 
 
 def attention_prefill_seconds(dev: Device, p: PrefillAttentionParams, batch, new_tokens, prefix,

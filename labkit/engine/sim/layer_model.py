@@ -45,7 +45,8 @@ import numpy as np
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
-from labkit.engine.sim.decode_rows import DecodeRows
+from labkit.engine.sim.compiled_rows import CompiledRows
+from labkit.engine.sim.count_blocks import CountBlocks
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
@@ -103,9 +104,13 @@ class LayerStepModel:
         p = placement
         self.comm_reads_context = lay.kvpp > 1 or p.gathers_prefix_for_prefill() \
             or p.gathers_shards_for_prefill()
-        # a run of decodes priced in one compiled loop where that is this model's sum
-        # (`decode_rows.py`; it reads the memo's count pieces as numbers)
-        self.decode_rows = DecodeRows(self) if memoize and DecodeRows.applies(self) else None
+        # one rank's steps priced in one compiled loop where that is this model's sum
+        # (`compiled_rows.py`; it reads the memo's count pieces as numbers)
+        self.compiled_rows = CompiledRows(self) if memoize and CompiledRows.applies(self) else None
+        # the count pieces of steps with a prompt's chunk, priced a block of prefill
+        # sizes at a time (`count_blocks.py`)
+        self.count_blocks = CountBlocks(self) if memoize and CountBlocks.applies(self) \
+            else None
 
     @classmethod
     def from_config(cls, placement: Placement, ops, config: EngineConfig,
@@ -142,12 +147,11 @@ class LayerStepModel:
     def step_timing(self, work: StepWork, lockstep: bool) -> StepTiming:
         pp = self.layout.pp
         counts = self._counts(work, lockstep)
-        fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
-        if self.decode_rows is not None and np.ndim(counts.num_decode_reqs) == 0 \
-                and not _has_chunks(work):  # (steps of one rank, all with these counts)
-            timing = self.decode_rows.timing(work, fixed)
+        if self.compiled_rows is not None and not lockstep and work.prefill_tokens.shape[1] == 1:
+            timing = self.compiled_rows.timing(work, self._rank_pieces(counts))
             if timing is not None:
                 return timing
+        fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
         padded, extra = fixed.padded, fixed.extra
         stage_compute, stage_comm, tokens = self._stage(work, counts, lockstep, 1.0, padded,
                                                         fixed)
@@ -196,12 +200,25 @@ class LayerStepModel:
             return _Counts(*(c[0, 0] for c in counts))
         return _Counts(*(c[:1] for c in counts))
 
+    def _rank_pieces(self, counts: _Counts) -> list[_CountPieces]:
+        """The count pieces of one rank's steps (not in lockstep): one entry when they
+        all have the same counts (numbers, `_counts`), else one per step — each
+        step's numbers as the step alone would have them, which is what an array of
+        them holds element by element."""
+        if np.ndim(counts.prefill_tokens) == 0:
+            return [self._piece("counts", self._count_pieces, False, *counts)]
+        return [self._piece("counts", self._count_pieces, False, *step)
+                for step in zip(*(c[:, 0] for c in counts))]
+
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
         """The pieces of a step that its counts alone decide: graph dispatch, the
         stage's projections and MLP (for the whole step's work), the LM head and drafts.
         A step asks the memo once for them all; only a step whose counts are new asks
         for each piece (which another step may share: the drafts see only the decode
-        requests, say)."""
+        requests, say). One rank's step with a prompt's chunk reads them off a block of
+        prefill sizes priced at once (`count_blocks.py`)."""
+        if self.count_blocks is not None and self.count_blocks.takes(lockstep, counts):
+            return self.count_blocks.pieces(lockstep, *counts)
         counts = _Counts(*counts)
         mode, padded = self._graphs(counts, lockstep)
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)

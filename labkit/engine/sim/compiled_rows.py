@@ -1,0 +1,162 @@
+"""Compiled rows: a fast-forwarded run of one rank's steps priced in one compiled loop.
+
+A run asks the step model for k steps at once. What a step's token counts decide —
+GEMMs, MoE, collectives, graph dispatch, CPU time — is priced from the counts and
+remembered (`LayerStepModel._count_pieces`; a run of decodes has the same counts in
+every step, a prompt's chunks read theirs off a block, `count_blocks.py`). What is
+left per step is the attention core over that step's contexts — every decoding
+request's, and the prompt's chunk over its cached prefix — and the stage's sums: some
+25-40 numpy calls on (k, 1) arrays, whose cost is the calls, not the arithmetic (~25
+us in a tight loop, 65-160 us inside a replay, about the same for 1 step as for 1,000).
+
+Here that per-step arithmetic is one compiled loop. It calls the very functions the
+numpy path calls — `costmodel.attention.decode_seconds` and `prefill_seconds`,
+`overheads.overlapped_step_s`, `curves.smooth_max`, registered with numba so that one
+source serves both — and adds the stage's terms in the order `LayerStepModel._stage`
+adds them, a row's chunks in the order `attention_cost.sum_chunks` adds them. numpy
+applies each operation element by element, so step i's floats are the same IEEE
+operations on the same numbers in both: the same bits (the cost model uses only + - *
+/, sqrt, min and max for exactly this reason; numba fuses nothing without fastmath).
+`tests/engine/test_compiled_rows.py` checks the two paths against each other.
+
+It prices only what is exactly this loop: one rank (not lockstep), one pipeline stage,
+GQA attention (no MLA, no indexer, no sliding-window layers), no DCP or PCP, graph
+dispatch and CPU overheads modelled, collectives that do not read the context. Anything
+else goes the numpy way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from labkit.costmodel.attention import decode_seconds, kv_factor, prefill_seconds
+from labkit.engine.sim.memo import MAX_ENTRIES
+from labkit.engine.sim.overheads import overlapped_step_s
+from labkit.engine.step_work import StepTiming
+from labkit.specs.dtypes import dtype_bytes
+
+_NO_CHUNKS = np.zeros(0, dtype=np.int64)
+
+
+class CompiledRows:
+    """The numbers a step's attention cores and sums need besides its counts, fixed
+    for a step model (those `CostModel.attention_decode` and `attention_prefill` would
+    pass)."""
+
+    def __init__(self, model) -> None:
+        """`model`: a `LayerStepModel` for which `applies(model)` holds."""
+        attn, ops, m = model.attention, model.ops, model.model
+        dev, d, p = ops.device, ops.params.decode_attention, ops.params.prefill_attention
+        self.model = model
+        kv = attn.kv_dtype
+        kv_bytes, head_dim = float(dtype_bytes(kv)), float(m.head_dim)
+        self.decode = (float(attn.dcp_heads), float(attn.kv_heads), head_dim, kv_bytes,
+                       kv_factor(kv, d.fp8_kv_factor), dev.hbm_bandwidth * d.memory_eff,
+                       dev.sms, d.unit_s, d.launch_s)
+        self.prefill = (float(attn.heads), float(attn.kv_heads), head_dim, head_dim, kv_bytes,
+                        kv_factor(kv, p.fp8_kv_factor), dev.flops("bf16") * p.compute_eff,
+                        dev.sms, p.softmax_dims, dev.hbm_bandwidth * p.memory_eff, p.unit_s,
+                        p.launch_s)
+        self.sums = (model.full_layers, model.overheads.params.step_gap_s,
+                     model.overheads.async_scheduling)
+        self._numbers: dict = {}  # id(count pieces) -> (them, `_count_numbers` of them)
+
+    @staticmethod
+    def applies(model) -> bool:
+        m, lay = model.model, model.layout
+        return (model.overheads is not None and lay.pp == 1 and lay.dcp == 1
+                and lay.pcp == 1 and not model.attention.gathered
+                and not m.is_mla and not m.has_indexer and not model.window_layers
+                and not model.comm_reads_context)
+
+    def timing(self, work, pieces: list) -> StepTiming | None:
+        """The StepTiming of `work`, steps of one rank whose count pieces are `pieces`
+        (`LayerStepModel._rank_pieces`: one entry for all steps, or one per step); None
+        where the loop is not the numpy path."""
+        chunks = work.prefill_chunks
+        with_chunks = chunks is not None and len(chunks[0]) > 0
+        if with_chunks and (len(chunks) != 4 or work.chunk_share != 1.0):
+            return None
+        numbers = [self._numbers_of(fixed) for fixed in pieces]
+        if any(n is None for n in numbers):
+            return None
+        numbers = numbers[0] if len(numbers) == 1 else np.concatenate(numbers)
+        step, new, ctx = (chunks[3], chunks[1], chunks[2]) if with_chunks else \
+            (_NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
+        compute, comm, busy = _rows(work.decode_context[:, 0], numbers,
+                                    len(pieces[0].terms[0]), with_chunks, step, new, ctx,
+                                    *self.decode, *self.prefill, *self.sums)
+        return StepTiming(busy=busy, compute=compute, comm=comm, duration=busy[:, 0].copy(),
+                          temporary_kv_bytes=self.model._temporary_kv(work))
+
+    def _numbers_of(self, fixed) -> np.ndarray | None:
+        """`_count_numbers(fixed)`, remembered while the memo keeps `fixed`."""
+        # (an entry holds its pieces alive, so their id is not another's meanwhile)
+        found = self._numbers.get(id(fixed))
+        if found is None or found[0] is not fixed:
+            if len(self._numbers) >= MAX_ENTRIES:
+                self._numbers.clear()
+            found = self._numbers[id(fixed)] = (fixed, self._count_numbers(fixed))
+        return found[1]
+
+    @staticmethod
+    def _count_numbers(fixed) -> np.ndarray | None:
+        """A step's count pieces as one (1, fields) row: its decoding requests (0:
+        none), projections, LM head and drafts, an attention layer's collectives, CPU
+        time, graph launches, then the stage's compute terms and comm terms; None if
+        they are not all numbers."""
+        safe_b, busy = fixed.decoders
+        compute_terms, comm_terms = fixed.terms
+        fields = (0.0 if safe_b is None else safe_b, fixed.proj, fixed.extra,
+                  fixed.attn_comm, fixed.cpu, fixed.launch, *compute_terms, *comm_terms)
+        if busy is not None or any(x is None or np.ndim(x) for x in fields):
+            return None
+        return np.array([fields], dtype=np.float64)
+
+
+@njit(cache=True)
+def _rows(context, numbers, compute_terms, with_chunks, chunk_step, chunk_new, chunk_ctx,
+          heads, kv_heads, head_dim, kv_bytes, fp8_factor, hbm_rate, sms, unit_s, launch_s,
+          p_heads, p_kv_heads, qk_dim, v_dim, p_kv_bytes, p_fp8_factor, rate, p_sms,
+          softmax_dims, p_hbm_rate, p_unit_s, p_launch_s, full_layers, gap, async_scheduling):
+    """(compute, comm, busy) of each step, (k, 1): `context` the summed context of the
+    rank's decoding requests in each step, `numbers` the count pieces (`_count_numbers`),
+    the chunks' (step, new tokens, context) columns; the rest as the numpy path has it."""
+    k = len(context)
+    compute = np.empty((k, 1))
+    comm = np.empty((k, 1))
+    busy = np.empty((k, 1))
+    fields = numbers.shape[1]
+    c = 0  # the next chunk (listed step by step)
+    for i in range(k):
+        row = numbers[i if numbers.shape[0] > 1 else 0]
+        batch, proj, extra, attn_comm, cpu, launch = row[0], row[1], row[2], row[3], row[4], \
+            row[5]
+        core = 0.0
+        if batch > 0:
+            ctx = np.maximum(context[i] / batch, 1.0)  # the mean context (`decode_core`)
+            core = decode_seconds(batch, ctx, heads, kv_heads, head_dim, kv_bytes,
+                                  fp8_factor, hbm_rate, sms, unit_s, launch_s)
+        if with_chunks:  # the row's chunks, added in order to 0.0 (`sum_chunks`)
+            prefill = 0.0
+            while c < len(chunk_step) and chunk_step[c] == i:
+                new = chunk_new[c] / 1.0  # (no PCP: every query is this rank's)
+                prefix = (chunk_ctx[c] + (chunk_new[c] - new) / 2) / 1
+                prefill = prefill + prefill_seconds(
+                    1.0, np.maximum(new, 1.0), prefix, p_heads, p_kv_heads, qk_dim, v_dim,
+                    p_kv_bytes, p_fp8_factor, rate, p_sms, softmax_dims, p_hbm_rate,
+                    p_unit_s, p_launch_s)
+                c += 1
+            core = core + prefill
+        total = full_layers * (proj + core)
+        for j in range(6, 6 + compute_terms):
+            total = total + row[j]
+        total = total + extra
+        wire = full_layers * attn_comm
+        for j in range(6 + compute_terms, fields):
+            wire = wire + row[j]
+        compute[i, 0] = total
+        comm[i, 0] = wire
+        busy[i, 0] = overlapped_step_s(total + wire, cpu, launch, gap, async_scheduling)
+    return compute, comm, busy
