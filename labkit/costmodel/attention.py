@@ -51,7 +51,7 @@ def attention_decode_seconds(dev: Device, p: DecodeAttentionParams, batch, conte
                           dev.hbm_bandwidth * p.memory_eff, dev.sms, p.unit_s, p.launch_s)
 
 
-@register_jitable  # (a plain function; the engine's decode runs also call it compiled)
+@register_jitable  # (a plain function; the engine's compiled rows call it too)
 def decode_seconds(batch, context, num_heads, num_kv_heads, head_dim, kv_bytes, fp8_factor,
                    hbm_rate, sms, unit_s, launch_s):
     """`attention_decode_seconds` on numbers: `fp8_factor` the KV bytes' factor
@@ -74,7 +74,7 @@ def prefill_core_seconds(dev: Device, p: PrefillAttentionParams, batch, new_toke
                            p.launch_s)
 
 
-@register_jitable  # (a plain function; the engine's step rows also call it compiled)
+@register_jitable  # (a plain function; the engine's compiled rows call it too)
 def prefill_seconds(batch, new_tokens, prefix, num_heads, num_kv_heads, qk_dim, v_dim,
                     kv_bytes, fp8_factor, rate, sms, softmax_dims, hbm_rate, unit_s, launch_s):
     """`prefill_core_seconds` on numbers: `rate` the bf16 peak times the MMAs'

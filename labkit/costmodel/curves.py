@@ -82,7 +82,7 @@ def ceil_div(a: np.ndarray, b) -> np.ndarray:
     return np.ceil(a / b)
 
 
-@register_jitable
+@register_jitable  # (a plain function; compiled code may call it too)
 def causal_pairs(new_tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:
     """(query, key) pairs one sequence attends in a causal prefill of `new_tokens` after
     `prefix` cached tokens: every new token sees the prefix and the new tokens up to

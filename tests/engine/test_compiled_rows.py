@@ -142,7 +142,7 @@ def test_count_pieces_read_off_a_block_are_the_steps_own(name):
         counts = (np.int64(prefill), np.int64(decodes * model.width),
                   np.int64(rng.integers(1, 3)), np.int64(decodes), np.bool_(False))
         assert blocks.takes(False, counts)
-        read = blocks.pieces(False, *counts)
+        read = blocks.pieces(*counts)
         model.count_blocks = None
         own = model._count_pieces(False, *counts)
         model.count_blocks = blocks

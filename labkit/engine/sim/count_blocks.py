@@ -17,7 +17,7 @@ meets a few dozen blocks where it met a couple of thousand new counts.
 It takes steps of one rank (numbers, not lockstep) on one pipeline stage whose prefill
 size is an integer; and models without a routing curve (the busiest EP rank's factor
 interpolates on log2, a transcendental numpy need not round alike for arrays and
-numbers). `tests/engine/test_count_blocks.py` checks rows against the numbers' pieces.
+numbers). `tests/engine/test_compiled_rows.py` checks rows against the numbers' pieces.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class CountBlocks:
         return (not lockstep and type(prefill) is _INT and prefill > 0 and type(decode) is _INT
                 and type(prefills) is _INT and type(decodes) is _INT and type(idle) is _BOOL)
 
-    def pieces(self, lockstep: bool, *counts):
+    def pieces(self, *counts):
         """The count pieces of the step with these counts (`takes`), read off its
         block."""
         prefill = int(counts[0])

@@ -218,7 +218,7 @@ class LayerStepModel:
         requests, say). One rank's step with a prompt's chunk reads them off a block of
         prefill sizes priced at once (`count_blocks.py`)."""
         if self.count_blocks is not None and self.count_blocks.takes(lockstep, counts):
-            return self.count_blocks.pieces(lockstep, *counts)
+            return self.count_blocks.pieces(*counts)
         counts = _Counts(*counts)
         mode, padded = self._graphs(counts, lockstep)
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)

@@ -205,7 +205,7 @@ class StepOverheads:
                                  self.async_scheduling)
 
 
-@register_jitable  # (a plain function; the engine's decode runs also call it compiled)
+@register_jitable  # (a plain function; the engine's compiled rows call it too)
 def overlapped_step_s(gpu, cpu, launch, gap: float, async_scheduling: bool):
     """`StepOverheads.step_s` on numbers: async scheduling prepares the next step while
     the GPU runs this one; otherwise the CPU work comes first."""
