@@ -21,6 +21,7 @@ every chain is numbered 0, 1, 2, ... in order of first appearance).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from labkit.traces.validate import MAX_HASH_ID
 
@@ -45,30 +46,69 @@ def _flatten(hash_lists: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]
     return dense, lengths, n_ids
 
 
-def _chain_unique(dense: np.ndarray, lengths: np.ndarray, n_ids: int) -> bool:
-    """Does every id have a single block position and a single predecessor?
-
-    Scatter each entry's position (then predecessor) into a table indexed by id.
-    Whatever entry wins a duplicate write, the column is constant per id iff
-    reading the table back agrees everywhere: O(n), no sort.
-    """
-    starts = np.cumsum(lengths) - lengths
-    pos = np.arange(len(dense), dtype=np.int64) - np.repeat(starts, lengths)
-    table = np.empty(n_ids, dtype=np.int64)
-    table[dense] = pos
-    if not np.array_equal(table[dense], pos):
-        return False
-    del pos  # traces can be large: keep one column alive at a time
-    pred = np.empty_like(dense)
-    pred[1:] = dense[:-1]
-    pred[starts[lengths > 0]] = -1
-    table[dense] = pred
-    return bool(np.array_equal(table[dense], pred))
+CHECK_CHUNK = 1 << 22  # ids joined at a time while checking (32 MB)
 
 
 def is_chain_unique(hash_lists: list[np.ndarray]) -> bool:
-    dense, lengths, n_ids = _flatten(hash_lists)
-    return len(dense) == 0 or _chain_unique(dense, lengths, n_ids)
+    """Does every id have a single block position and a single predecessor?
+
+    Two tables indexed by id hold the position and the predecessor an id was first
+    seen with; every later entry must agree: O(n), no sort. The lists are joined a
+    chunk at a time, never all at once: a generated 400-session trace holds some 350
+    MB of ids, and joining them (with a column or two besides) quadrupled what
+    generating it needed. Ids far above their count are first renamed densely.
+    """
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    total = int(lengths.sum())
+    if total == 0:
+        return True
+    top = max(int(h.max()) for h in hash_lists if len(h))
+    if top >= 4 * total + 2**20:  # sparse ids: tables by id would be too large
+        dense, lengths, n_ids = _flatten(hash_lists)
+        return _agree(dense, lengths, np.full(n_ids, -1, dtype=np.int32),
+                      np.empty(n_ids, dtype=np.int64))
+    position = np.full(top + 1, -1, dtype=np.int32)
+    before = np.empty(top + 1, dtype=np.int64)
+    first = 0
+    while first < len(hash_lists):
+        last, size = first, 0
+        while last < len(hash_lists) and (size < CHECK_CHUNK or last == first):
+            size += len(hash_lists[last])
+            last += 1
+        if size and not _agree(np.concatenate(hash_lists[first:last]), lengths[first:last],
+                               position, before):
+            return False
+        first = last
+    return True
+
+
+def _agree(ids, lengths, position, before) -> bool:
+    """Do the prompts `ids` (one after another, `lengths` long) agree with the
+    position and predecessor (-1: none) each id was first seen with (`position` -1:
+    not yet), recording those of ids seen the first time?"""
+    found = _consistent(ids, lengths, position, before)
+    if found < 0:
+        raise ValueError("hash ids must be integers >= 0")
+    return bool(found)
+
+
+@njit(cache=True)
+def _consistent(ids, lengths, position, before) -> int:
+    """`_agree` compiled: 1 yes, 0 no, -1 an id outside the tables."""
+    i = 0
+    for length in lengths:
+        prev = -1
+        for p in range(length):
+            x = ids[i]
+            i += 1
+            if x < 0 or x >= len(position):
+                return -1
+            if position[x] == -1:
+                position[x], before[x] = p, prev
+            elif position[x] != p or before[x] != prev:
+                return 0
+            prev = x
+    return 1
 
 
 def _chain_labels(dense: np.ndarray, lengths: np.ndarray,
@@ -115,9 +155,9 @@ def _by_appearance(chosen: np.ndarray, first_at: np.ndarray, labels: np.ndarray)
 
 def canonicalize(hash_lists: list[np.ndarray]) -> list[np.ndarray] | None:
     """Chain-unique copies of ``hash_lists``, or None when they already are."""
-    dense, lengths, n_ids = _flatten(hash_lists)
-    if len(dense) == 0 or _chain_unique(dense, lengths, n_ids):
+    if is_chain_unique(hash_lists):
         return None
+    dense, lengths, n_ids = _flatten(hash_lists)
     ids = np.concatenate(hash_lists)
     labels, first_at = _chain_labels(dense, lengths, n_ids)
     # For each raw id, the chain that appears first keeps it.

@@ -104,3 +104,34 @@ def test_prefix_reuse_matches_chain_keyed_reference(case):
     trace = Trace(bs, requests)             # canonicalises (may replace hash_ids)
     assert_canonical_form([r.hash_ids for r in raw], [r.hash_ids for r in trace.requests])
     assert prefix_reuse(trace) == naive_prefix_reuse(raw, bs)
+
+
+def _naive_chain_unique(hash_lists) -> bool:
+    """The definition: every id seen at one block position, after one predecessor."""
+    seen = {}
+    for h in hash_lists:
+        for j, x in enumerate(h.tolist()):
+            if seen.setdefault(x, (j, h[j - 1] if j else -1)) != (j, h[j - 1] if j else -1):
+                return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), max_size=6), max_size=8),
+       st.sampled_from([0, 2**39]), st.sampled_from([1, 3, 1 << 22]))
+def test_the_check_agrees_with_its_definition_chunk_by_chunk(lists, offset, chunk):
+    from labkit.traces import canonical
+
+    hash_lists = [np.array(h, dtype=np.int64) + offset for h in lists]
+    saved, canonical.CHECK_CHUNK = canonical.CHECK_CHUNK, chunk  # lists joined 1, 3, all
+    try:
+        assert is_chain_unique(hash_lists) == _naive_chain_unique(hash_lists)
+    finally:
+        canonical.CHECK_CHUNK = saved
+
+
+def test_negative_ids_are_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match=">= 0"):
+        is_chain_unique([np.array([3, -1])])
