@@ -163,9 +163,9 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
     for a, b in zip(bounds, bounds[1:]):
         work = rows(a, b)
         parts.append(cost_model.step_timing(work, lockstep))
-        durations = np.concatenate([p.duration for p in parts])
         # as plan_decode_run finds the steps' ends (same sums, same rounding)
-        if b < k and _running_sum(now, durations)[-1] >= horizon:
+        if b < k and _running_sum(now, np.concatenate([p.duration for p in parts]))[-1] \
+                >= horizon:
             break
     if len(parts) == 1:
         return parts[0], work  # rows(0, b), built once
@@ -235,18 +235,35 @@ def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
 
 def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:
     """StepWork of k decode steps for ranks with `counts` requests of summed context `base`."""
-    ctx = base[None, :] + counts[None, :] * cum[:, None]  # (k, R) summed contexts
-    zeros = np.zeros(ctx.shape, dtype=ctx.dtype)
-    k = len(cum)
-    return StepWork(
-        prefill_tokens=zeros,
-        decode_tokens=(counts * width)[None, :].repeat(k, axis=0),
-        num_prefill_reqs=zeros,
-        num_decode_reqs=counts[None, :].repeat(k, axis=0),
-        kv_read_tokens=ctx + counts[None, :] * width,
-        prefill_pairs=zeros,
-        decode_pairs=width * ctx + counts[None, :] * (width * (width + 1) // 2),
-        idle=(counts == 0)[None, :].repeat(k, axis=0),
-        decode_context=ctx,
-        same_counts=True,
-    )
+    ctx, decode_tokens, num_decode_reqs, kv_read, decode_pairs, zeros, idle = \
+        _decode_columns(counts, base, cum, width)
+    return StepWork(prefill_tokens=zeros, decode_tokens=decode_tokens, num_prefill_reqs=zeros,
+                    num_decode_reqs=num_decode_reqs, kv_read_tokens=kv_read,
+                    prefill_pairs=zeros, decode_pairs=decode_pairs, idle=idle,
+                    decode_context=ctx, same_counts=True)
+
+
+@njit(cache=True)
+def _decode_columns(counts, base, cum, width: int):
+    """`decode_work`'s (k, R) columns in one pass: each step's summed contexts (a rank's
+    requests each gained cum[j]), decode tokens, decoding requests, KV read, decode
+    query-key pairs, zeros (no prefill), idle ranks."""
+    k, ranks = len(cum), len(counts)
+    ctx = np.empty((k, ranks), dtype=np.int64)
+    decode_tokens = np.empty((k, ranks), dtype=np.int64)
+    num_decode_reqs = np.empty((k, ranks), dtype=np.int64)
+    kv_read = np.empty((k, ranks), dtype=np.int64)
+    pairs = np.empty((k, ranks), dtype=np.int64)
+    idle = np.empty((k, ranks), dtype=np.bool_)
+    triangle = width * (width + 1) // 2  # a request's own new tokens' pairs
+    for j in range(k):
+        for r in range(ranks):
+            n = counts[r]
+            c = base[r] + n * cum[j]
+            ctx[j, r] = c
+            decode_tokens[j, r] = n * width
+            num_decode_reqs[j, r] = n
+            kv_read[j, r] = c + n * width
+            pairs[j, r] = width * c + n * triangle
+            idle[j, r] = n == 0
+    return ctx, decode_tokens, num_decode_reqs, kv_read, pairs, np.zeros((k, ranks), np.int64), idle

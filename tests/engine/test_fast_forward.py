@@ -227,3 +227,32 @@ def test_accepted_tokens_follow_the_deterministic_counter():
         p, q = acceptance.numerator, acceptance.denominator
         expect = [(start + j) * p // q - start * p // q for j in range(steps + 1)]
         assert accepted_before(start, steps, acceptance).tolist() == expect
+
+
+def test_a_decode_runs_work_is_its_steps_written_out():
+    """`decode_work`: step j of a run, rank r with n requests of summed context c
+    before the run, is a decode of n requests over c + n cum[j] tokens, one row per
+    step (ranks without requests idle) — against `StepWork.from_batches` of each step."""
+    import numpy as np
+
+    from labkit.engine.run_plan import decode_work
+    from labkit.engine.scheduler import RankBatch
+    from labkit.engine.step_work import StepWork
+
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        width, ranks, k = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(1, 9))
+        contexts = [rng.integers(0, 10**6, size=int(rng.integers(0, 4))) for _ in range(ranks)]
+        cum = np.cumsum(np.concatenate([[0], rng.integers(1, width + 1, size=k - 1)]))
+        work = decode_work(np.array([len(c) for c in contexts]),
+                           np.array([int(c.sum()) for c in contexts]), cum, width)
+        for j in range(k):
+            step = StepWork.from_batches([
+                RankBatch(r, [None] * len(c), [width] * len(c), (c + cum[j]).tolist(),
+                          [True] * len(c)) for r, c in enumerate(contexts)])
+            for f in ("prefill_tokens", "decode_tokens", "num_prefill_reqs", "num_decode_reqs",
+                      "kv_read_tokens", "prefill_pairs", "decode_pairs", "idle",
+                      "decode_context"):
+                got, want = getattr(work, f)[j], getattr(step, f)[0]
+                assert got.dtype == want.dtype and got.tolist() == want.tolist(), (f, j)
+        assert work.same_counts
