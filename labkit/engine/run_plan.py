@@ -128,8 +128,10 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
         rows = whole.rows
     if priced is None:
+        prices_whole = getattr(cost_model, "prices_runs_whole", None)
+        head = 0 if prices_whole is not None and prices_whole(lockstep, ranks) else chunk_end
         timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
-                                    step_guess_s, chunk_end)
+                                    step_guess_s, head)
     times = _running_sum(now, timing.duration)  # each step starts where the last ended
     start, ends = times[:-1], times[1:]
     within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
@@ -153,7 +155,8 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
     a recent step's duration; if it falls short of the horizon, the rest is costed too.
     The first `head` steps (those with prefill chunks) are costed on their own: the
     decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
-    memo). A step's cost depends on its own row of the work alone, so the parts are
+    memo; a model that prices such a run as cheaply whole, `prices_runs_whole`, gets
+    head 0). A step's cost depends on its own row of the work alone, so the parts are
     the rows of the whole."""
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):

@@ -59,8 +59,8 @@ def _count_taken(monkeypatch) -> list:
     taken = []
     timing = compiled_rows.CompiledRows.timing
 
-    def counted(self, work, pieces):
-        result = timing(self, work, pieces)
+    def counted(self, work, pieces, index=None):
+        result = timing(self, work, pieces, index)
         taken.append(result is not None)
         return result
 
@@ -90,19 +90,20 @@ def test_compiled_decode_runs_equal_the_numpy_path(name, monkeypatch):
 
 def _chunk_run(rng, width: int) -> StepWork:
     """k steps of one rank: requests decoding, continuing a prompt chunk by chunk (two
-    prompts in a step, sometimes), or sitting a step out."""
-    n, k = int(rng.integers(1, 6)), int(rng.choice([1, 2, 5]))
+    prompts in a step, sometimes) and then decoding, or sitting a step out."""
+    n, k = int(rng.integers(1, 6)), int(rng.choice([1, 2, 5, 40]))
     context = np.zeros((n, k), dtype=np.int64)
     new = np.zeros((n, k), dtype=np.int64)
     prefill = np.zeros((n, k), dtype=bool)
     for i in range(n):
         held, kind = int(rng.integers(0, 300_000)), rng.choice(["decode", "prompt", "idle"])
+        chunks = int(rng.integers(1, k + 1)) if kind == "prompt" else 0  # then it decodes
         for j in range(k):
             if kind == "idle" and rng.random() < 0.5:
                 context[i, j] = held
                 continue
-            t = int(rng.integers(1, 4097)) if kind == "prompt" else width
-            context[i, j], new[i, j], prefill[i, j] = held, t, kind == "prompt"
+            t = int(rng.integers(1, 4097)) if j < chunks else width
+            context[i, j], new[i, j], prefill[i, j] = held, t, j < chunks
             held += t
     return StepWork.from_entries(np.zeros(n, dtype=np.int64), 1, context, new, prefill)
 

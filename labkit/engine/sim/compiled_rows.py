@@ -3,7 +3,9 @@
 A run asks the step model for k steps at once. What a step's token counts decide —
 GEMMs, MoE, collectives, graph dispatch, CPU time — is priced from the counts and
 remembered (`LayerStepModel._count_pieces`; a run of decodes has the same counts in
-every step, a prompt's chunks read theirs off a block, `count_blocks.py`). What is
+every step, a prompt's chunks read theirs off a block, `count_blocks.py`), once per run
+of equal steps (`equal_runs`), so a run whose chunk steps come before its decodes is
+priced whole, in one call (`LayerStepModel.prices_runs_whole`). What is
 left per step is the attention core over that step's contexts — every decoding
 request's, and the prompt's chunk over its cached prefix — and the stage's sums: some
 25-40 numpy calls on (k, 1) arrays, whose cost is the calls, not the arithmetic (~25
@@ -36,7 +38,7 @@ from labkit.engine.sim.overheads import overlapped_step_s
 from labkit.engine.step_work import StepTiming
 from labkit.specs.dtypes import dtype_bytes
 
-_NO_CHUNKS = np.zeros(0, dtype=np.int64)
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class CompiledRows:
@@ -70,10 +72,10 @@ class CompiledRows:
                 and not m.is_mla and not m.has_indexer and not model.window_layers
                 and not model.comm_reads_context)
 
-    def timing(self, work, pieces: list) -> StepTiming | None:
-        """The StepTiming of `work`, steps of one rank whose count pieces are `pieces`
-        (`LayerStepModel._rank_pieces`: one entry for all steps, or one per step); None
-        where the loop is not the numpy path."""
+    def timing(self, work, pieces: list, index: np.ndarray | None = None) -> StepTiming | None:
+        """The StepTiming of `work`, steps of one rank whose count pieces are
+        `pieces[index[i]]` (`LayerStepModel._rank_pieces`; index None: one entry for
+        all); None where the loop is not the numpy path."""
         chunks = work.prefill_chunks
         with_chunks = chunks is not None and len(chunks[0]) > 0
         if with_chunks and (len(chunks) != 4 or work.chunk_share != 1.0):
@@ -83,8 +85,9 @@ class CompiledRows:
             return None
         numbers = numbers[0] if len(numbers) == 1 else np.concatenate(numbers)
         step, new, ctx = (chunks[3], chunks[1], chunks[2]) if with_chunks else \
-            (_NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
-        compute, comm, busy = _rows(work.decode_context[:, 0], numbers,
+            (_EMPTY, _EMPTY, _EMPTY)
+        index = _EMPTY if index is None else index  # (empty: every step reads row 0)
+        compute, comm, busy = _rows(work.decode_context[:, 0], numbers, index,
                                     len(pieces[0].terms[0]), with_chunks, step, new, ctx,
                                     *self.decode, *self.prefill, *self.sums)
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=busy[:, 0].copy(),
@@ -116,13 +119,14 @@ class CompiledRows:
 
 
 @njit(cache=True)
-def _rows(context, numbers, compute_terms, with_chunks, chunk_step, chunk_new, chunk_ctx,
+def _rows(context, numbers, index, compute_terms, with_chunks, chunk_step, chunk_new, chunk_ctx,
           heads, kv_heads, head_dim, kv_bytes, fp8_factor, hbm_rate, sms, unit_s, launch_s,
           p_heads, p_kv_heads, qk_dim, v_dim, p_kv_bytes, p_fp8_factor, rate, p_sms,
           softmax_dims, p_hbm_rate, p_unit_s, p_launch_s, full_layers, gap, async_scheduling):
     """(compute, comm, busy) of each step, (k, 1): `context` the summed context of the
-    rank's decoding requests in each step, `numbers` the count pieces (`_count_numbers`),
-    the chunks' (step, new tokens, context) columns; the rest as the numpy path has it."""
+    rank's decoding requests in each step, `numbers` the count pieces (`_count_numbers`)
+    and `index` each step's row of them (empty: row 0), the chunks' (step, new tokens,
+    context) columns; the rest as the numpy path has it."""
     k = len(context)
     compute = np.empty((k, 1))
     comm = np.empty((k, 1))
@@ -130,7 +134,7 @@ def _rows(context, numbers, compute_terms, with_chunks, chunk_step, chunk_new, c
     fields = numbers.shape[1]
     c = 0  # the next chunk (listed step by step)
     for i in range(k):
-        row = numbers[i if numbers.shape[0] > 1 else 0]
+        row = numbers[index[i] if len(index) else 0]
         batch, proj, extra, attn_comm, cpu, launch = row[0], row[1], row[2], row[3], row[4], \
             row[5]
         core = 0.0
@@ -160,3 +164,21 @@ def _rows(context, numbers, compute_terms, with_chunks, chunk_step, chunk_new, c
         comm[i, 0] = wire
         busy[i, 0] = overlapped_step_s(total + wire, cpu, launch, gap, async_scheduling)
     return compute, comm, busy
+
+
+@njit(cache=True)
+def equal_runs(prefill, decode, prefills, decodes, idle):
+    """(for each step, the run of equal steps it belongs to; each run's first step) of
+    a rank's step counts (`_Counts`' columns)."""
+    k = len(prefill)
+    index = np.empty(k, dtype=np.int64)
+    firsts = np.empty(k, dtype=np.int64)
+    runs = 0
+    for i in range(k):
+        if i == 0 or prefill[i] != prefill[i - 1] or decode[i] != decode[i - 1] \
+                or prefills[i] != prefills[i - 1] or decodes[i] != decodes[i - 1] \
+                or idle[i] != idle[i - 1]:
+            firsts[runs] = i
+            runs += 1
+        index[i] = runs - 1
+    return index, firsts[:runs]

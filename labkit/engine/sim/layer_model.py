@@ -45,7 +45,7 @@ import numpy as np
 from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
-from labkit.engine.sim.compiled_rows import CompiledRows
+from labkit.engine.sim.compiled_rows import CompiledRows, equal_runs
 from labkit.engine.sim.count_blocks import CountBlocks
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
@@ -148,7 +148,7 @@ class LayerStepModel:
         pp = self.layout.pp
         counts = self._counts(work, lockstep)
         if self.compiled_rows is not None and not lockstep and work.prefill_tokens.shape[1] == 1:
-            timing = self.compiled_rows.timing(work, self._rank_pieces(counts))
+            timing = self.compiled_rows.timing(work, *self._rank_pieces(counts))
             if timing is not None:
                 return timing
         fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
@@ -200,15 +200,24 @@ class LayerStepModel:
             return _Counts(*(c[0, 0] for c in counts))
         return _Counts(*(c[:1] for c in counts))
 
-    def _rank_pieces(self, counts: _Counts) -> list[_CountPieces]:
-        """The count pieces of one rank's steps (not in lockstep): one entry when they
-        all have the same counts (numbers, `_counts`), else one per step — each
-        step's numbers as the step alone would have them, which is what an array of
-        them holds element by element."""
+    def _rank_pieces(self, counts: _Counts):
+        """The count pieces of one rank's steps (not in lockstep), and which of them
+        each step has: one entry when all steps have the same counts (numbers,
+        `_counts`; index None), else one per run of equal steps — each as the step
+        alone has them, which is what an array of them holds element by element."""
         if np.ndim(counts.prefill_tokens) == 0:
-            return [self._piece("counts", self._count_pieces, False, *counts)]
+            return [self._piece("counts", self._count_pieces, False, *counts)], None
+        columns = [c[:, 0] for c in counts]
+        index, firsts = equal_runs(*columns)
         return [self._piece("counts", self._count_pieces, False, *step)
-                for step in zip(*(c[:, 0] for c in counts))]
+                for step in zip(*(c[firsts] for c in columns))], index
+
+    def prices_runs_whole(self, lockstep: bool, ranks: int) -> bool:
+        """Is a run of steps whose counts change (a prompt's chunks, then decodes)
+        priced as cheaply whole as in parts of equal counts? So with the compiled rows
+        (one rank): each run of equal steps asks the memo once. (The numpy path prices
+        count pieces once per array: the run's planner prices its chunk steps apart.)"""
+        return self.compiled_rows is not None and not lockstep and ranks == 1
 
     def _count_pieces(self, lockstep: bool, *counts) -> _CountPieces:
         """The pieces of a step that its counts alone decide: graph dispatch, the
