@@ -38,7 +38,7 @@ class CountBlocks:
 
     @staticmethod
     def applies(model) -> bool:
-        return model.layout.pp == 1 and model.moe_curve is None
+        return model.layout.pp == 1 and model.mlp.moe_curve is None
 
     @staticmethod
     def takes(lockstep: bool, counts) -> bool:

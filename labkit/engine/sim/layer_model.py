@@ -9,14 +9,13 @@ of that rank does, pricing every kernel with the calibrated `CostModel` ops:
   by chunk over its prefix — and, for DeepSeek-V3.2, the indexer over the whole
   context plus a gather of the top-k entries. DCP shards the context a GPU reads but
   hands it every head's queries; PCP splits a chunk's queries and all-gathers its KV;
-- **linear-attention layers** (KDA): projections plus a recurrent state update,
-  a memory-bound read-modify-write of the per-sequence state when decoding;
-- **MLP / MoE**: dense GEMMs, or the fused MoE kernel plus shared experts and
-  router, the experts spread as the layout says;
+- **linear-attention layers** (KDA), **MLP / MoE**, the LM head and MTP drafts
+  (`mlp_cost.py`): projections plus a recurrent state update; dense GEMMs, or the
+  fused MoE kernel plus shared experts and router, the experts spread as the layout
+  says;
 - **collectives**: whatever `Placement` says the layer communicates (TP all-reduce,
   EP all-to-all, DCP query gather and partial-output merge, PCP KV gather, KVPP
   broadcast), priced by the collective model;
-- the LM head, the MTP draft passes when speculating;
 - what the step costs beyond its kernels (`overheads.py`): CUDA-graph dispatch — the
   GEMMs see the batch padded up to its capture size — the CPU's scheduling, input
   preparation, launches and sampling, overlapped with the GPU under async scheduling,
@@ -24,7 +23,7 @@ of that rank does, pricing every kernel with the calibrated `CostModel` ops:
 
 MoE layers under expert parallelism wait for their busiest rank: its share of the
 routed rows comes from the routing distribution (`costmodel/routing.py`, the knob
-`moe_routing`), EPLB's replicas included when `enable_eplb` is on.
+`moe_routing`), EPLB's replicas included when `enable_eplb` is on (`mlp_cost.py`).
 
 Pipeline parallelism: a GPU computes one stage. Steps whose batch only continues
 prefills pipeline back to back (a stage's time each); a step that decodes needs the
@@ -42,17 +41,15 @@ from collections import namedtuple
 
 import numpy as np
 
-from labkit.costmodel.routing import factor_curve
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
 from labkit.engine.sim.compiled_rows import CompiledRows, equal_runs
 from labkit.engine.sim.count_blocks import CountBlocks
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
+from labkit.engine.sim.mlp_cost import MlpCost, priced_collectives
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
-
-STATE_HBM_EFFICIENCY = 0.7  # linear-attention state updates: strided reads and writes
 
 # the counts of a StepWork that graph dispatch reads
 _Counts = namedtuple("_Counts", "prefill_tokens decode_tokens num_prefill_reqs "
@@ -79,7 +76,6 @@ class LayerStepModel:
         self.drafts = num_speculative_tokens
         self.width = 1 + num_speculative_tokens
         self.attention = attn = AttentionCost(placement, ops, self.width)
-        self.wdtype = self.moe_dtype = attn.wdtype
         pp = lay.pp
         # layers of each kind on one pipeline stage (average stage)
         self.full_layers = m.num_full_attention_layers / pp
@@ -87,13 +83,9 @@ class LayerStepModel:
         self.linear_layers = m.num_linear_layers / pp
         self.moe_layers = m.num_moe_layers / pp
         self.dense_layers = m.num_dense_mlp_layers / pp
-        self.has_drafts = bool(num_speculative_tokens and m.num_mtp_modules)
+        self.mlp = MlpCost(placement, ops, attn.wdtype, num_speculative_tokens, moe_routing,
+                           seed)
         self.overheads = overheads
-        self.moe_routing = moe_routing
-        # the busiest EP rank's load factor against routed tokens (None: always 1)
-        self.moe_curve = factor_curve(m.num_experts, m.num_experts_per_tok, lay.ep, moe_routing,
-                                      placement.redundant_experts, max(m.num_moe_layers, 1),
-                                      seed, sampled=True) if m.is_moe else None
         self.memo = ExactMemo() if memoize else no_memo
         # the layer kinds a stage sums besides full attention (a kind the model lacks
         # would add exact zeros: it is left out)
@@ -232,15 +224,15 @@ class LayerStepModel:
         mode, padded = self._graphs(counts, lockstep)
         t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
         proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
-        mlp = self._piece("mlp", self._mlp_layer, tokens, group)
-        linear = self._linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
+        mlp = self._piece("mlp", self.mlp.layer, tokens, group)
+        linear = self.mlp.linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
         attn_comm = None if self.comm_reads_context else \
             self._attention_comm(tokens, t_dec, counts.prefill_tokens)
         rows = counts.num_prefill_reqs + np.where(counts.idle & lockstep, 1,
                                                    counts.decode_tokens)
-        drafts = self._piece("drafts", self._drafts, counts.num_decode_reqs) \
-            if self.has_drafts else 0.0
-        extra = self._piece("lm_head", self._lm_head, rows) + drafts
+        drafts = self._piece("drafts", self.mlp.draft_passes, counts.num_decode_reqs) \
+            if self.mlp.has_drafts else 0.0
+        extra = self._piece("lm_head", self.mlp.lm_head, rows) + drafts
         cpu = launch = None
         if self.overheads is not None:
             o = self.overheads
@@ -280,8 +272,8 @@ class LayerStepModel:
                 counts = _Counts(*(c / split for c in counts[:4]), counts.idle)
             t_dec, tokens, group = self._stage_tokens(counts, lockstep, padded)
             proj = self._piece("attention_proj", self.attention.projections, tokens, t_dec)
-            mlp = self._piece("mlp", self._mlp_layer, tokens, group)
-            linear = self._linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
+            mlp = self._piece("mlp", self.mlp.layer, tokens, group)
+            linear = self.mlp.linear_layer(tokens, counts.prefill_tokens, counts.num_decode_reqs)
             compute_terms, comm_terms = self._count_terms(*mlp, linear)
             attn_comm, decoders = None, self.attention.decoders(counts.num_decode_reqs)
         if attn_comm is None:
@@ -336,39 +328,7 @@ class LayerStepModel:
         sharded = t_dec if self.attention.gathered else tokens
         collectives = self.placement.comm_per_layer(tokens, prefill_tokens, kv_read_tokens,
                                                     prefill_prefix, sharded)
-        return self._collectives(collectives)
-
-    # -------------------------------------------------------------------- mlp
-    def _mlp_layer(self, tokens, group):
-        """(dense layer, MoE layer) compute, and (dense, MoE) communication."""
-        m, lay, ops, w = self.model, self.layout, self.ops, self.wdtype
-        h, tp = m.hidden_size, lay.tp
-        dense = dense_comm = 0.0  # (a model of MoE layers only sums no dense ones)
-        if self.dense_layers:
-            dense = ops.gemm(tokens, 2 * m.intermediate_size / tp, h, w)
-            dense = dense + ops.gemm(tokens, h, m.intermediate_size / tp, w)
-            dense_comm = self._collectives(_tp_allreduce(self.placement, tokens))
-        if not m.is_moe:
-            return (dense, 0.0), (dense_comm, 0.0)
-        # the kernel sees every token the expert group routes (num_tokens across EP);
-        # under EP every rank waits for the busiest (the routing distribution's share)
-        factor = 1.0 if self.moe_curve is None else \
-            np.interp(np.log2(np.maximum(group, 1.0)), *self.moe_curve)
-        moe = ops.moe(group, h, m.moe_intermediate_size, m.num_experts_per_tok, m.num_experts,
-                      ep_size=lay.ep, tp_size=1 if lay.ep > 1 else tp, dtype=self.moe_dtype,
-                      distribution=self.moe_routing, load_factor=factor)
-        shared = m.num_shared_experts * m.moe_intermediate_size / tp
-        if shared:
-            moe = moe + ops.gemm(tokens, 2 * shared, h, w) + ops.gemm(tokens, h, shared, w)
-        moe = moe + ops.gemm(tokens, m.num_experts, h, "bf16")  # router
-        moe_comm = self._collectives(self.placement.moe_comm(tokens))
-        return (dense, moe), (dense_comm, moe_comm)
-
-    def _collectives(self, ops_by_name: dict):
-        total = 0.0
-        for op, nbytes, n in ops_by_name.values():
-            total = total + self.ops.collective(op, nbytes, n)
-        return total
+        return priced_collectives(self.ops, collectives)
 
     # ------------------------------------------------------------ the rest
     def _count_terms(self, mlp, mlp_comm, linear):
@@ -380,39 +340,6 @@ class LayerStepModel:
         compute = tuple(layers[k][0] * layers[k][1] for k in self.kinds)
         comm = tuple(layers[k][0] * layers[k][2] for k in self.kinds if k != "linear")
         return compute, comm
-
-    def _linear_layer(self, tokens, prefill_tokens, num_decode_reqs):
-        m = self.model
-        if not m.linear_layers:
-            return 0.0
-        ops, w, lay = self.ops, self.wdtype, self.layout
-        heads, dim = m.linear_num_heads / lay.tp, m.linear_head_dim
-        proj = ops.gemm(tokens, 4 * heads * dim, m.hidden_size, w)
-        # prefill: chunked delta rule, ~ two (dim x dim) products per token per head
-        chunk = ops.gemm(prefill_tokens / lay.pcp * heads, dim, dim, "bf16") * 2
-        state = heads * dim * dim * 4  # fp32 state per sequence per layer
-        hbm = self.ops.hardware.hbm_bandwidth * STATE_HBM_EFFICIENCY
-        decode = num_decode_reqs * 2 * state / hbm
-        return proj + chunk + decode
-
-    def _lm_head(self, rows):
-        m = self.model
-        return self.ops.gemm(rows, m.vocab_size / self.layout.tp, m.hidden_size, "bf16")
-
-    def _drafts(self, decode_reqs):
-        """MTP: each draft token is one more pass of the MTP layer and the LM head."""
-        if not self.has_drafts:
-            return 0.0
-        m, w = self.model, self.wdtype
-        rows = np.maximum(decode_reqs, 1)
-        layer = self.ops.gemm(rows, m.hidden_size, 2 * m.hidden_size, w)
-        if m.is_moe:
-            layer = layer + self.ops.moe(rows, m.hidden_size, m.moe_intermediate_size,
-                                         m.num_experts_per_tok, m.num_experts,
-                                         dtype=self.moe_dtype, distribution=self.moe_routing,
-                                         load_factor=1.0)
-        per_draft = layer + self._lm_head(rows)
-        return np.where(decode_reqs > 0, self.drafts * per_draft, 0.0)
 
     def _temporary_kv(self, work: StepWork):
         lay, p = self.layout, self.placement
@@ -454,11 +381,3 @@ def _prefill_prefix(work: StepWork):
     """Cached tokens the step's prefill chunks attend over, summed."""
     return (work.kv_read_tokens - work.decode_context - work.decode_tokens
             - work.prefill_tokens)
-
-
-def _tp_allreduce(placement: Placement, tokens) -> dict:
-    lay = placement.layout
-    if lay.tp == 1:
-        return {}
-    nbytes = tokens * placement.model.hidden_size * 2
-    return {"tp_allreduce": ("all_reduce", nbytes, lay.tp)}
