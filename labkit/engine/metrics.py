@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from numba import njit
 
 from labkit.engine.events import StepsCompleted
+from labkit.engine import small_pages
 from labkit.engine.itl_stats import ITLSamples
 from labkit.engine.request import Status
 from labkit.engine.run_health import run_health
@@ -42,106 +44,127 @@ STEP_COLUMNS = ["step", "instance", "rank", "start_s", "duration_s", "busy_s", "
                 "temporary_kv_bytes"]
 
 
+# the steps table's columns as the recorder keeps them: integers (kv_total_blocks, each
+# row's rank's, for kv_usage) and floats, one row per step and rank
+_INT_COLUMNS = ("step", "instance", "rank", "num_prefill_reqs", "num_decode_reqs",
+                "prefill_tokens", "decode_tokens", "kv_used_blocks", "kv_total_blocks")
+_FLOAT_COLUMNS = ("start_s", "duration_s", "busy_s", "compute_s", "comm_s", "stall_s",
+                  "persistent_kv_bytes", "temporary_kv_bytes")
+
+
 class StepRecorder:
     """Subscribes to StepsCompleted and builds the steps table.
 
-    A replay emits thousands of small chunks (a single step is one row per rank). Each
-    chunk is kept as it comes; every `block_events` chunks they are joined into one
-    block of row columns, step by step and rank by rank, in the order they came, and the
-    events are let go: kept to the end, a 600 s replay's 13.5K events hold about 100 MB
-    of small arrays, which the collector walks and the table gathers piece by piece at
-    the end. The table, when asked for, joins the few blocks and sorts their rows by
-    start, then rank."""
+    A replay emits thousands of small chunks (a single step is one row per rank; a run
+    of steps, some hundred rows). Each chunk's rows are written, as it comes, into two
+    tables — the integer columns and the float ones, a column's rows side by side — by
+    one compiled call (`_write`), into room reserved for millions of rows that costs
+    memory only as it is written: kept as events (about 100 MB of small arrays per 600 s
+    replay) or joined a few hundred at a time, the chunks cost a walk over thousands of
+    small arrays, and tables grown by copying cost their memory twice. The table, when
+    asked for, sorts the rows by start, then rank, in place."""
 
-    # per-rank columns of the event, (steps, ranks) arrays, as the table names them
-    _PER_RANK = {"busy_s": "busy", "compute_s": "compute", "comm_s": "comm",
-                 "stall_s": "stall", "num_prefill_reqs": "num_prefill_reqs",
-                 "num_decode_reqs": "num_decode_reqs", "prefill_tokens": "prefill_tokens",
-                 "decode_tokens": "decode_tokens", "kv_used_blocks": "kv_used_blocks",
-                 "persistent_kv_bytes": "persistent_kv_bytes",
-                 "temporary_kv_bytes": "temporary_kv_bytes"}
-
-    def __init__(self, events, block_events: int = 512) -> None:
-        self.block_events = block_events
-        self._chunks: list[tuple] = []  # chunks not yet in a block: (event, ranks)
-        self._blocks: list[dict] = []  # row columns (and kv_total_blocks) of each block
+    def __init__(self, events, capacity: int = 1 << 22) -> None:
+        """`capacity`: rows room is reserved for at first (memory is taken only as rows
+        are written, `small_pages.py`; past it the tables grow fourfold)."""
+        self._ints = small_pages.zeros((len(_INT_COLUMNS), capacity), np.int64)
+        self._floats = small_pages.zeros((len(_FLOAT_COLUMNS), capacity), np.float64)
+        self.num_rows = 0
         self.num_events = 0  # StepsCompleted events recorded
+        self._shared = False  # a frame's columns are views of the tables' rows
         self.subscription = events.subscribe(self._on_steps, StepsCompleted)
 
     def _on_steps(self, ev: StepsCompleted) -> None:
-        # the event's arrays are never written after it is emitted; the ranks are
-        # copied, as they are the instance's own list
-        self._chunks.append((ev, tuple(ev.ranks)))
+        ranks = np.array(ev.ranks, dtype=np.int64)
+        at = self.num_rows
+        end = at + len(ev.step_index) * len(ranks)
+        if end > self._ints.shape[1]:
+            self._grow(end)
+        _write(self._ints, self._floats, at, ev.instance, ranks,
+               np.asarray(ev.kv_total_blocks).ravel(), ev.step_index, ev.start, ev.duration,
+               _integers(ev.num_prefill_reqs), _integers(ev.num_decode_reqs),
+               _integers(ev.prefill_tokens), _integers(ev.decode_tokens),
+               _integers(ev.kv_used_blocks), ev.busy, ev.compute, ev.comm, ev.stall,
+               ev.persistent_kv_bytes, ev.temporary_kv_bytes)
+        self.num_rows = end
         self.num_events += 1
-        if len(self._chunks) >= self.block_events:
-            self._join_chunks()
 
-    def _join_chunks(self) -> None:
-        if self._chunks:
-            self._blocks.append(_rows(self._chunks))
-            self._chunks = []
+    def _grow(self, rows: int, force: bool = False) -> None:
+        """New tables with room for `rows` (at least four times as many as now, unless
+        `force`: a copy of the same size), the rows so far copied."""
+        size = rows if force else max(rows, 4 * self._ints.shape[1])
+        for name in ("_ints", "_floats"):
+            old = getattr(self, name)
+            new = small_pages.zeros((old.shape[0], size), old.dtype)
+            new[:, : self.num_rows] = old[:, : self.num_rows]
+            setattr(self, name, new)
+        self._shared = False
 
     def frame(self) -> pd.DataFrame:
-        self._join_chunks()
-        if not self._blocks:
-            return pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
-        # Each column's blocks are joined into a scratch buffer (one per dtype, reused),
-        # then put in order into its own array, which the frame takes as it is: a
-        # replay's table is hundreds of MB, and fresh memory for every intermediate is
-        # a cost.
-        scratch: dict = {}
-
-        def joined(c: str) -> np.ndarray:
-            parts = [b[c] for b in self._blocks]
-            if len(parts) == 1:
-                return parts[0]
-            kind = np.result_type(*parts)  # as np.concatenate(parts) would make it
-            size = sum(len(p) for p in parts)
-            if kind not in scratch or len(scratch[kind]) != size:
-                scratch[kind] = np.empty(size, kind)
-            return np.concatenate(parts, out=scratch[kind])
-
-        # by start, then rank; a stable sort, so ties keep the order they came in
-        order = np.lexsort((joined("rank").copy(), joined("start_s")))
-        cols = {c: joined(c)[order] for c in self._blocks[0]}
+        """The table: the rows sorted by start, then rank (stable: ties in the order they
+        came), in place — so the frame's columns are views of the recorder's tables, no
+        copy; a later frame first moves the tables, leaving this one as it is."""
+        n = self.num_rows
+        if self._shared:
+            self._grow(self._ints.shape[1], force=True)
+        ints, floats = self._ints[:, :n], self._floats[:, :n]
+        order = np.lexsort((ints[2], floats[0]))
+        _reorder(self._ints, order)
+        _reorder(self._floats, order)
+        self._shared = True
+        cols = {c: ints[j] for j, c in enumerate(_INT_COLUMNS)}
+        cols.update({c: floats[j] for j, c in enumerate(_FLOAT_COLUMNS)})
         cols["kv_usage"] = cols["kv_used_blocks"] / cols.pop("kv_total_blocks")
         return pd.DataFrame({c: cols[c] for c in STEP_COLUMNS}, copy=False)
 
 
-_PER_STEP = {"step": "step_index", "start_s": "start", "duration_s": "duration"}
-_AS_FLOAT = ("persistent_kv_bytes", "temporary_kv_bytes")  # float columns whatever comes
+def _integers(a: np.ndarray) -> np.ndarray:
+    """A count column as integers (the table's int64 holds any of them exactly)."""
+    if a.dtype.kind not in "iub":
+        raise TypeError(f"StepsCompleted counts must be integers, got {a.dtype}")
+    return a
 
 
-def _rows(chunks: list[tuple]) -> dict:
-    """The table's columns (and each row's kv_total_blocks) of StepsCompleted `chunks`,
-    (event, ranks), unsorted: chunk by chunk, step by step, rank by rank. A column's
-    dtype is the one numpy gives its pieces joined."""
-    events = [ev for ev, _ in chunks]
-    steps = np.array([len(ev.step_index) for ev in events], dtype=np.int64)
-    width = np.array([len(r) for _, r in chunks], dtype=np.int64)
-    rows = steps * width  # rows of each chunk
-    same = int(width[0]) if (width == width[0]).all() else 0  # 0: widths differ
-    per_step = np.repeat(width, steps)  # rows of each step
-    # each row's entry in the chunks' ranks, all put one after another: its chunk's
-    # first, plus its place among the chunk's ranks
-    rank_idx = np.repeat(np.cumsum(width) - width, rows)
-    if same != 1:
-        pos = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)
-        rank_idx += pos % np.repeat(width, rows)
-    all_ranks = np.array([rank for _, r in chunks for rank in r], dtype=np.int64)
-    totals = np.concatenate([np.asarray(ev.kv_total_blocks).ravel() for ev in events])
-    cols = {"instance": np.repeat(np.array([ev.instance for ev in events], dtype=np.int64),
-                                  rows),
-            "rank": all_ranks[rank_idx], "kv_total_blocks": totals[rank_idx]}
-    for c, f in _PER_STEP.items():  # (steps,): the same in each of the step's rows
-        col = np.concatenate([getattr(ev, f) for ev in events])
-        cols[c] = col if same == 1 else np.repeat(col, per_step)
-    for c, f in StepRecorder._PER_RANK.items():  # (steps, ranks): rows as they are laid
-        parts = [getattr(ev, f) for ev in events]
-        col = np.concatenate(parts).reshape(-1) if same else \
-            np.concatenate([p.reshape(-1) for p in parts])
-        cols[c] = col.astype(float, copy=False) if c in _AS_FLOAT else col
-    return cols
+@njit(cache=True)
+def _write(ints, floats, at, instance, ranks, kv_total, step_index, start, duration,
+           num_prefill_reqs, num_decode_reqs, prefill_tokens, decode_tokens, kv_used,
+           busy, compute, comm, stall, persistent, temporary):
+    """One StepsCompleted's rows into the tables from row `at` on: step by step, rank by
+    rank (the columns in `_INT_COLUMNS` and `_FLOAT_COLUMNS` order)."""
+    row = at
+    for i in range(len(step_index)):
+        for j in range(len(ranks)):
+            ints[0, row] = step_index[i]
+            ints[1, row] = instance
+            ints[2, row] = ranks[j]
+            ints[3, row] = num_prefill_reqs[i, j]
+            ints[4, row] = num_decode_reqs[i, j]
+            ints[5, row] = prefill_tokens[i, j]
+            ints[6, row] = decode_tokens[i, j]
+            ints[7, row] = kv_used[i, j]
+            ints[8, row] = kv_total[j]
+            floats[0, row] = start[i]
+            floats[1, row] = duration[i]
+            floats[2, row] = busy[i, j]
+            floats[3, row] = compute[i, j]
+            floats[4, row] = comm[i, j]
+            floats[5, row] = stall[i, j]
+            floats[6, row] = persistent[i, j]
+            floats[7, row] = temporary[i, j]
+            row += 1
+
+
+@njit(cache=True)
+def _reorder(table, order) -> None:
+    """table[:, :n] = table[:, order] in place (n = len(order)), one row at a time through
+    one scratch row: no second table (a steps table is some 100 MB, and fresh memory
+    costs a page fault per 4 KiB)."""
+    n = len(order)
+    scratch = np.empty(n, dtype=table.dtype)
+    for j in range(table.shape[0]):
+        for i in range(n):
+            scratch[i] = table[j, order[i]]
+        table[j, :n] = scratch
 
 
 def request_rows(requests: list, with_tokens: bool = False,

@@ -59,8 +59,8 @@ def _count_taken(monkeypatch) -> list:
     taken = []
     timing = compiled_rows.CompiledRows.timing
 
-    def counted(self, work, pieces, index=None):
-        result = timing(self, work, pieces, index)
+    def counted(self, work, counts):
+        result = timing(self, work, counts)
         taken.append(result is not None)
         return result
 

@@ -1,6 +1,6 @@
 """How the tables are built, checked against plain references: StepRecorder's steps
-table (StepsCompleted chunks joined into blocks as they come, the blocks joined and
-sorted at the end) against one written row by row from the events; request rows' ITL
+table (StepsCompleted chunks written into growing tables as they come, sorted at the
+end) against one written row by row from the events; request rows' ITL
 statistics (off one array, percentiles in numpy's steps) against numpy's calls on each
 request's ITLs."""
 
@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from labkit.engine.events import EventBus, StepsCompleted
 from labkit.engine.itl_stats import ITLSamples
@@ -60,30 +61,35 @@ def _naive(events) -> pd.DataFrame:
 def test_steps_table_equals_a_row_by_row_one():
     # instances of 1 to 4 ranks (numbered across the deployment); every instance as
     # wide (one rank: DP; several: lockstep DEP) or widths mixed (the table's three ways)
-    # chunks joined into blocks of 1, 2, 7 or 512 (none joined before the end)
+    # tables made for 1, 2, 7 or 512 rows at first (grown by one chunk, or doubled)
     for seed, widths in [(s, w) for s in range(20) for w in ("mixed", 1, 3)]:
         rng = np.random.default_rng(seed)
-        block = int(rng.choice([1, 2, 7, 512]))
+        capacity = int(rng.choice([1, 2, 7, 512]))
         layout, rank = [], 0
         for _ in range(int(rng.integers(1, 5))):
             width = int(rng.integers(1, 5)) if widths == "mixed" else widths
             layout.append(list(range(rank, rank + width)))
             rank += width
         bus = EventBus()
-        recorder = StepRecorder(bus, block_events=block)
+        recorder = StepRecorder(bus, capacity=capacity)
         events, next_step = [], [0] * len(layout)
         n_events = int(rng.integers(1, 30))
+        early = None
         for n in range(n_events):
             if n == n_events // 2 and events:  # a table asked for part way: also right,
-                _check(recorder.frame(), events, (seed, widths))  # and changes nothing
+                early = recorder.frame()  # and changes nothing, nor do later events
+                _check(early, events, (seed, widths))
+                early_copy = early.copy()
             i = int(rng.integers(0, len(layout)))
-            ev = _event(rng, i, layout[i], next_step[i], float(n))
+            # (starts anywhere: events come in commit order, not in start order)
+            ev = _event(rng, i, layout[i], next_step[i], float(rng.integers(0, n_events)))
             next_step[i] += len(ev.step_index)
             bus.emit(ev)
             events.append(ev)
         got = recorder.frame()
         _check(got, events, (seed, widths))
         assert recorder.frame().equals(got)  # asked again: the same table
+        assert early is None or early.equals(early_copy)  # the early one untouched
         assert recorder.num_events == len(events)
 
 
@@ -98,6 +104,18 @@ def _check(got: pd.DataFrame, events: list, case) -> None:
             "prefill_tokens", "decode_tokens", "kv_used_blocks"}
     assert all(got[c].dtype == (np.int64 if c in ints else np.float64) for c in STEP_COLUMNS)
     assert len(got) == len(want) == sum(ev.busy.size for ev in events)
+
+
+def test_counts_that_are_not_integers_are_refused():
+    # the table keeps counts as int64: a float count would be cut, so it is an error
+    bus = EventBus()
+    recorder = StepRecorder(bus)
+    events = (_event(np.random.default_rng(seed), 0, [0, 1], 0, 0.0) for seed in range(100))
+    ev = next(e for e in events if len(e.step_index))
+    ev.prefill_tokens = ev.prefill_tokens + 0.5
+    with pytest.raises(TypeError, match="integers"):
+        bus.emit(ev)
+    assert recorder.num_rows == 0 and len(recorder.frame()) == 0
 
 
 def test_no_steps_gives_the_empty_table():

@@ -11,10 +11,11 @@ object per key.
 
 `KeyIndex` keeps keys in ``[0, DIRECT_KEYS)`` in such an array (`slot[key]` is the
 block + 1, 0 meaning absent; it grows eightfold to the largest key seen, and its
-zero pages cost no memory until written) and every other key — the chained hashes of
-token-id prompts, derived keys of window pages and state snapshots, salted replays of
-a trace — in a dict. Both answer exactly as one dict would (`tests/engine/
-test_block_pool.py` drives the pool against a naive reference over both ranges).
+pages cost memory only once written, 4 KiB at a time: `small_pages.py`) and every
+other key — the chained hashes of token-id prompts, derived keys of window pages and
+state snapshots, salted replays of a trace — in a dict. Both answer exactly as one
+dict would (`tests/engine/test_block_pool.py` drives the pool against a naive
+reference over both ranges).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from itertools import repeat
 
 import numpy as np
 from numba import njit
+
+from labkit.engine import small_pages
 
 DIRECT_KEYS = 1 << 27  # keys below this are array-indexed (<= 512 MiB, mostly unmapped)
 FIRST_KEYS = 1 << 12  # the array's first size: small engines stay small
@@ -33,7 +36,7 @@ class KeyIndex:
 
     def __init__(self) -> None:
         # key -> block + 1 (0: absent); its pages are mapped as they are first written
-        self.slot = np.zeros(FIRST_KEYS, dtype=np.int32)
+        self.slot = small_pages.zeros(FIRST_KEYS, np.int32)
         self._other: dict[int, int] = {}  # keys outside the array's range
         self._direct_count = 0
 
@@ -55,7 +58,7 @@ class KeyIndex:
             return
         # growing copies what is held (a scan of the array): eightfold keeps that rare
         size = max(1 << (top - 1).bit_length(), 8 * len(self.slot))
-        slot = np.zeros(min(size, DIRECT_KEYS), dtype=np.int32)
+        slot = small_pages.zeros(min(size, DIRECT_KEYS), np.int32)
         held = self.slot.nonzero()[0]  # copy only these: the zero pages stay unmapped
         slot[held] = self.slot[held]
         self.slot = slot

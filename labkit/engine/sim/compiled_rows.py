@@ -39,6 +39,7 @@ from labkit.engine.step_work import StepTiming
 from labkit.specs.dtypes import dtype_bytes
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_MISSING = object()
 
 
 class CompiledRows:
@@ -62,7 +63,9 @@ class CompiledRows:
                         p.launch_s)
         self.sums = (model.full_layers, model.overheads.params.step_gap_s,
                      model.overheads.async_scheduling)
-        self._numbers: dict = {}  # id(count pieces) -> (them, `_count_numbers` of them)
+        # a step's counts (as Python numbers) -> `_count_numbers` of its count pieces
+        self._rows_by_counts: dict = {}
+        self._compute_terms = len(model.kinds)  # a row's compute terms (`_count_terms`)
 
     @staticmethod
     def applies(model) -> bool:
@@ -72,36 +75,55 @@ class CompiledRows:
                 and not m.is_mla and not m.has_indexer and not model.window_layers
                 and not model.comm_reads_context)
 
-    def timing(self, work, pieces: list, index: np.ndarray | None = None) -> StepTiming | None:
-        """The StepTiming of `work`, steps of one rank whose count pieces are
-        `pieces[index[i]]` (`LayerStepModel._rank_pieces`; index None: one entry for
-        all); None where the loop is not the numpy path."""
+    def timing(self, work, counts) -> StepTiming | None:
+        """The StepTiming of `work`, steps of one rank whose counts are `counts`
+        (`LayerStepModel._counts`: numbers when every step has the same, else columns);
+        None where the loop is not the numpy path."""
         chunks = work.prefill_chunks
         with_chunks = chunks is not None and len(chunks[0]) > 0
         if with_chunks and (len(chunks) != 4 or work.chunk_share != 1.0):
             return None
-        numbers = [self._numbers_of(fixed) for fixed in pieces]
-        if any(n is None for n in numbers):
+        found = self._numbers(counts)
+        if found is None:
             return None
-        numbers = numbers[0] if len(numbers) == 1 else np.concatenate(numbers)
+        numbers, index = found
         step, new, ctx = (chunks[3], chunks[1], chunks[2]) if with_chunks else \
             (_EMPTY, _EMPTY, _EMPTY)
-        index = _EMPTY if index is None else index  # (empty: every step reads row 0)
         compute, comm, busy = _rows(work.decode_context[:, 0], numbers, index,
-                                    len(pieces[0].terms[0]), with_chunks, step, new, ctx,
+                                    self._compute_terms, with_chunks, step, new, ctx,
                                     *self.decode, *self.prefill, *self.sums)
         return StepTiming(busy=busy, compute=compute, comm=comm, duration=busy[:, 0].copy(),
                           temporary_kv_bytes=self.model._temporary_kv(work))
 
-    def _numbers_of(self, fixed) -> np.ndarray | None:
-        """`_count_numbers(fixed)`, remembered while the memo keeps `fixed`."""
-        # (an entry holds its pieces alive, so their id is not another's meanwhile)
-        found = self._numbers.get(id(fixed))
-        if found is None or found[0] is not fixed:
-            if len(self._numbers) >= MAX_ENTRIES:
-                self._numbers.clear()
-            found = self._numbers[id(fixed)] = (fixed, self._count_numbers(fixed))
-        return found[1]
+    def _numbers(self, counts):
+        """(the count pieces' numbers of each run of equal steps, (runs, fields); each
+        step's run, empty when one row serves all), or None if they are not all
+        numbers."""
+        if np.ndim(counts.prefill_tokens) == 0:
+            row = self._row(tuple(x.item() for x in counts), counts)
+            return None if row is None else (row, _EMPTY)
+        columns = [c[:, 0] for c in counts]
+        index, firsts = equal_runs(*columns)
+        values = [c[firsts] for c in columns]
+        rows = [self._row(key, [v[i] for v in values])
+                for i, key in enumerate(zip(*(v.tolist() for v in values)))]
+        if any(r is None for r in rows):
+            return None
+        return (rows[0] if len(rows) == 1 else np.concatenate(rows)), index
+
+    def _row(self, key: tuple, step):
+        """The numbers row of a step whose counts are `step` (numpy numbers) and have
+        the values `key` (Python numbers), remembered by those values and the prefill
+        count's type (an int, or a float share: the other counts' types are fixed)."""
+        key = (type(key[0]), *key)
+        found = self._rows_by_counts.get(key, _MISSING)
+        if found is _MISSING:
+            if len(self._rows_by_counts) >= MAX_ENTRIES:
+                self._rows_by_counts.clear()
+            model = self.model
+            fixed = model._piece("counts", model._count_pieces, False, *step)
+            found = self._rows_by_counts[key] = self._count_numbers(fixed)
+        return found
 
     @staticmethod
     def _count_numbers(fixed) -> np.ndarray | None:

@@ -43,7 +43,7 @@ import numpy as np
 
 from labkit.engine.layouts import Placement
 from labkit.engine.sim.attention_cost import AttentionCost
-from labkit.engine.sim.compiled_rows import CompiledRows, equal_runs
+from labkit.engine.sim.compiled_rows import CompiledRows
 from labkit.engine.sim.count_blocks import CountBlocks
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.mlp_cost import MlpCost, priced_collectives
@@ -140,7 +140,7 @@ class LayerStepModel:
         pp = self.layout.pp
         counts = self._counts(work, lockstep)
         if self.compiled_rows is not None and not lockstep and work.prefill_tokens.shape[1] == 1:
-            timing = self.compiled_rows.timing(work, *self._rank_pieces(counts))
+            timing = self.compiled_rows.timing(work, counts)
             if timing is not None:
                 return timing
         fixed = self._piece("counts", self._count_pieces, lockstep, *counts)
@@ -191,18 +191,6 @@ class LayerStepModel:
         if counts[0].shape[1] == 1 and not lockstep and self.layout.pp == 1:
             return _Counts(*(c[0, 0] for c in counts))
         return _Counts(*(c[:1] for c in counts))
-
-    def _rank_pieces(self, counts: _Counts):
-        """The count pieces of one rank's steps (not in lockstep), and which of them
-        each step has: one entry when all steps have the same counts (numbers,
-        `_counts`; index None), else one per run of equal steps — each as the step
-        alone has them, which is what an array of them holds element by element."""
-        if np.ndim(counts.prefill_tokens) == 0:
-            return [self._piece("counts", self._count_pieces, False, *counts)], None
-        columns = [c[:, 0] for c in counts]
-        index, firsts = equal_runs(*columns)
-        return [self._piece("counts", self._count_pieces, False, *step)
-                for step in zip(*(c[firsts] for c in columns))], index
 
     def prices_runs_whole(self, lockstep: bool, ranks: int) -> bool:
         """Is a run of steps whose counts change (a prompt's chunks, then decodes)
