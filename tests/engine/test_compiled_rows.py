@@ -151,6 +151,26 @@ def test_count_pieces_read_off_a_block_are_the_steps_own(name):
     assert len(blocks._blocks) < 40  # blocks were shared
 
 
+@pytest.mark.parametrize("name", sorted(TAKEN))
+def test_numbers_rows_read_off_a_block_are_the_steps_own(name):
+    # what the compiled loop reads for a step with a chunk: its block's row of numbers
+    model = _model(TAKEN[name])
+    rows, blocks = model.compiled_rows, model.count_blocks
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        prefill = int(rng.integers(1, 3 * BLOCK))
+        decodes = int(rng.integers(0, 5))
+        counts = (np.int64(prefill), np.int64(decodes * model.width),
+                  np.int64(rng.integers(1, 3)), np.int64(decodes), np.bool_(False))
+        got = blocks.numbers(counts, rows._count_numbers)
+        model.count_blocks = None
+        own = rows._count_numbers(model._count_pieces(False, *counts))
+        model.count_blocks = blocks
+        assert got is not None and got.shape == own.shape == (1, own.shape[1])
+        assert got.tobytes() == own.tobytes(), (name, counts)
+    assert len(blocks._blocks) < 40  # blocks were shared
+
+
 def test_counts_of_a_pipeline_or_lockstep_ranks_have_no_blocks():
     assert _model(LEFT["pipeline"]).count_blocks is None
     counts = (np.int64(100), np.int64(1), np.int64(1), np.int64(1), np.bool_(False))

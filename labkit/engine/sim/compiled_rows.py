@@ -120,24 +120,35 @@ class CompiledRows:
         if found is _MISSING:
             if len(self._rows_by_counts) >= MAX_ENTRIES:
                 self._rows_by_counts.clear()
-            model = self.model
-            fixed = model._piece("counts", model._count_pieces, False, *step)
-            found = self._rows_by_counts[key] = self._count_numbers(fixed)
+            model, blocks = self.model, self.model.count_blocks
+            if blocks is not None and blocks.takes(False, step):
+                found = blocks.numbers(step, self._count_numbers)  # (a block's row)
+            else:
+                found = self._count_numbers(
+                    model._piece("counts", model._count_pieces, False, *step))
+            self._rows_by_counts[key] = found
         return found
 
     @staticmethod
-    def _count_numbers(fixed) -> np.ndarray | None:
-        """A step's count pieces as one (1, fields) row: its decoding requests (0:
-        none), projections, LM head and drafts, an attention layer's collectives, CPU
-        time, graph launches, then the stage's compute terms and comm terms; None if
-        they are not all numbers."""
+    def _count_numbers(fixed, rows: int = 1) -> np.ndarray | None:
+        """A step's count pieces as one (1, fields) row — or a block's (`count_blocks.py`:
+        (rows, 1) arrays, and numbers where no count changes them) as (rows, fields):
+        its decoding requests (0: none), projections, LM head and drafts, an attention
+        layer's collectives, CPU time, graph launches, then the stage's compute terms and
+        comm terms; None if they are not all numbers (one per row)."""
         safe_b, busy = fixed.decoders
         compute_terms, comm_terms = fixed.terms
         fields = (0.0 if safe_b is None else safe_b, fixed.proj, fixed.extra,
                   fixed.attn_comm, fixed.cpu, fixed.launch, *compute_terms, *comm_terms)
-        if busy is not None or any(x is None or np.ndim(x) for x in fields):
+        if busy is not None or any(x is None for x in fields):
             return None
-        return np.array([fields], dtype=np.float64)
+        out = np.empty((rows, len(fields)))
+        for j, x in enumerate(fields):
+            x = np.asarray(x, dtype=np.float64)
+            if x.ndim and (rows == 1 or x.shape != (rows, 1)):
+                return None
+            out[:, j] = x[:, 0] if x.ndim else x
+        return out
 
 
 @njit(cache=True)

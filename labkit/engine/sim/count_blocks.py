@@ -12,7 +12,8 @@ element i, bit for bit (`costmodel/model.py`). So on such a miss the pieces are 
 once for `BLOCK` consecutive prefill sizes around the step's, the other counts the
 same, as one (BLOCK, 1) array — the same calls, a few hundred elements each — and the
 step reads its row; later prompts whose chunk falls in the block read theirs. A replay
-meets a few dozen blocks where it met a couple of thousand new counts.
+meets a few dozen blocks where it met a couple of thousand new counts. The compiled
+rows (`compiled_rows.py`) read a block as one table of numbers, a row per size.
 
 It takes steps of one rank (numbers, not lockstep) on one pipeline stage whose prefill
 size is an integer; and models without a routing curve (the busiest EP rank's factor
@@ -28,13 +29,15 @@ from labkit.engine.sim.memo import MAX_ENTRIES
 
 BLOCK = 512  # prefill sizes per block
 _INT, _BOOL = np.int64, np.bool_
+_UNMADE = object()  # a block's numbers not asked for yet
 
 
 class CountBlocks:
     def __init__(self, model) -> None:
         """`model`: a `LayerStepModel` for which `applies(model)` holds."""
         self.model = model
-        self._blocks: dict = {}  # (start, other counts as ints) -> row reader
+        # (start, other counts as ints) -> [the block's pieces, row reader, numbers]
+        self._blocks: dict = {}
 
     @staticmethod
     def applies(model) -> bool:
@@ -51,16 +54,31 @@ class CountBlocks:
     def pieces(self, *counts):
         """The count pieces of the step with these counts (`takes`), read off its
         block."""
+        entry, i = self._entry(counts)
+        if entry[1] is None:
+            entry[1] = _reader(entry[0])
+        return entry[1](i)
+
+    def numbers(self, counts, table):
+        """`table(pieces, BLOCK)` of the step's block — a (BLOCK, fields) array, or
+        None — made once per block; the step's row of it, (1, fields), or None."""
+        entry, i = self._entry(counts)
+        if entry[2] is _UNMADE:
+            entry[2] = table(entry[0], BLOCK)
+        return None if entry[2] is None else entry[2][i : i + 1]
+
+    def _entry(self, counts):
+        """(the block of the step with these counts, the step's row in it)."""
         prefill = int(counts[0])
         start = prefill - prefill % BLOCK
         # (the counts' types are fixed by `takes`: their ints key them exactly)
         key = (start, *[int(x) for x in counts[1:]])
-        read = self._blocks.get(key)
-        if read is None:
+        entry = self._blocks.get(key)
+        if entry is None:
             if len(self._blocks) >= MAX_ENTRIES:
                 self._blocks.clear()
-            read = self._blocks[key] = _reader(self._block(start, *counts[1:]))
-        return read(prefill - start)
+            entry = self._blocks[key] = [self._block(start, *counts[1:]), None, _UNMADE]
+        return entry, prefill - start
 
     def _block(self, start: int, *others):
         """The count pieces of BLOCK steps, prefill sizes start, start + 1, ...,
