@@ -58,20 +58,19 @@ class StepRecorder:
     A replay emits thousands of small chunks (a single step is one row per rank; a run
     of steps, some hundred rows). Each chunk's rows are written, as it comes, into two
     tables — the integer columns and the float ones, a column's rows side by side — by
-    one compiled call (`_write`), into room reserved for millions of rows that costs
+    one compiled call (`_write`), into room reserved for a million rows that costs
     memory only as it is written: kept as events (about 100 MB of small arrays per 600 s
     replay) or joined a few hundred at a time, the chunks cost a walk over thousands of
     small arrays, and tables grown by copying cost their memory twice. The table, when
-    asked for, sorts the rows by start, then rank, in place."""
+    asked for, gathers the rows sorted by start, then rank."""
 
-    def __init__(self, events, capacity: int = 1 << 22) -> None:
+    def __init__(self, events, capacity: int = 1 << 20) -> None:
         """`capacity`: rows room is reserved for at first (memory is taken only as rows
         are written, `small_pages.py`; past it the tables grow fourfold)."""
         self._ints = small_pages.zeros((len(_INT_COLUMNS), capacity), np.int64)
         self._floats = small_pages.zeros((len(_FLOAT_COLUMNS), capacity), np.float64)
         self.num_rows = 0
         self.num_events = 0  # StepsCompleted events recorded
-        self._shared = False  # a frame's columns are views of the tables' rows
         self.subscription = events.subscribe(self._on_steps, StepsCompleted)
 
     def _on_steps(self, ev: StepsCompleted) -> None:
@@ -89,29 +88,24 @@ class StepRecorder:
         self.num_rows = end
         self.num_events += 1
 
-    def _grow(self, rows: int, force: bool = False) -> None:
-        """New tables with room for `rows` (at least four times as many as now, unless
-        `force`: a copy of the same size), the rows so far copied."""
-        size = rows if force else max(rows, 4 * self._ints.shape[1])
+    def _grow(self, rows: int) -> None:
+        """New tables with room for `rows` (at least four times as many as now), the
+        rows so far copied."""
+        size = max(rows, 4 * self._ints.shape[1])
         for name in ("_ints", "_floats"):
             old = getattr(self, name)
             new = small_pages.zeros((old.shape[0], size), old.dtype)
             new[:, : self.num_rows] = old[:, : self.num_rows]
             setattr(self, name, new)
-        self._shared = False
 
     def frame(self) -> pd.DataFrame:
         """The table: the rows sorted by start, then rank (stable: ties in the order they
-        came), in place — so the frame's columns are views of the recorder's tables, no
-        copy; a later frame first moves the tables, leaving this one as it is."""
+        came), gathered into memory of the frame's own (its user may write into it)."""
         n = self.num_rows
-        if self._shared:
-            self._grow(self._ints.shape[1], force=True)
         ints, floats = self._ints[:, :n], self._floats[:, :n]
         order = np.lexsort((ints[2], floats[0]))
-        _reorder(self._ints, order)
-        _reorder(self._floats, order)
-        self._shared = True
+        ints = _gather(ints, order, small_pages.zeros(ints.shape, np.int64))
+        floats = _gather(floats, order, small_pages.zeros(floats.shape, np.float64))
         cols = {c: ints[j] for j, c in enumerate(_INT_COLUMNS)}
         cols.update({c: floats[j] for j, c in enumerate(_FLOAT_COLUMNS)})
         cols["kv_usage"] = cols["kv_used_blocks"] / cols.pop("kv_total_blocks")
@@ -155,16 +149,12 @@ def _write(ints, floats, at, instance, ranks, kv_total, step_index, start, durat
 
 
 @njit(cache=True)
-def _reorder(table, order) -> None:
-    """table[:, :n] = table[:, order] in place (n = len(order)), one row at a time through
-    one scratch row: no second table (a steps table is some 100 MB, and fresh memory
-    costs a page fault per 4 KiB)."""
-    n = len(order)
-    scratch = np.empty(n, dtype=table.dtype)
+def _gather(table, order, out):
+    """out[:, i] = table[:, order[i]], a row of the table at a time."""
     for j in range(table.shape[0]):
-        for i in range(n):
-            scratch[i] = table[j, order[i]]
-        table[j, :n] = scratch
+        for i in range(len(order)):
+            out[j, i] = table[j, order[i]]
+    return out
 
 
 def request_rows(requests: list, with_tokens: bool = False,
