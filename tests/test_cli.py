@@ -1,6 +1,7 @@
 """The command line: the documented interface, and errors before anything runs."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -244,6 +245,9 @@ def test_bench_sim_breakdown_prints_the_components_and_only_for_sim(capsys):
     assert code == 0
     for part in ("block pool", "cost model", "BlockPool.allocate", "Engine.replay"):
         assert part in out, part
+    # and the kernel's share, with the page faults the replay's first writes took
+    kernel = re.search(r"in the kernel: ([0-9.]+) s \(([0-9,]+) minor page faults\)", out)
+    assert kernel and int(kernel.group(2).replace(",", "")) > 0, out
     code, _, err = run(capsys, "bench", "kv", "--breakdown")
     assert code == 2 and "--breakdown applies to `labkit bench sim` only" in err
 
