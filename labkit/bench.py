@@ -52,23 +52,28 @@ def shared_data_dir() -> Path | None:
 
 
 def run_bench(target: str, quick: bool = False, duration_s: float | None = None,
-              breakdown: bool = False, against: str | None = None) -> int:
-    for flag, given in (("--breakdown", breakdown), ("--against", against)):
+              breakdown: bool = False, against: str | None = None,
+              repeat: int | None = None) -> int:
+    for flag, given in (("--breakdown", breakdown), ("--against", against),
+                        ("--repeat", repeat is not None)):
         if given and target != "sim":
             raise ConfigError(f"{flag} applies to `labkit bench sim` only, not {target!r}")
     if breakdown and against:
         raise ConfigError("--breakdown and --against are two different runs: give one")
+    if repeat is not None and (repeat < 1 or breakdown):
+        raise ConfigError(f"--repeat takes a count of runs, 1 or more, and not with "
+                          f"--breakdown (got {repeat})")
     if target == "sim" and against:
         from labkit.bench_against import bench_against
 
-        bench_against(against, duration_s or (120.0 if quick else 600.0))
+        bench_against(against, duration_s or (120.0 if quick else 600.0), rounds=repeat or 2)
     elif target == "sim" and breakdown:
         from labkit.bench_sim import bench_sim_breakdown
 
         print("labkit bench sim --breakdown — where the simulator's CPU time goes")
         bench_sim_breakdown(duration_s or (120.0 if quick else 600.0))
     elif target == "sim":
-        bench_sim(quick, duration_s)
+        bench_sim(quick, duration_s, repeat or 1)
     elif target == "layouts":
         from labkit.behaviours import bench_layouts
 
@@ -106,7 +111,7 @@ def _replay_speed(label: str, engine, trace, **replay_kw) -> dict:
     return {"speed": speed, **s}
 
 
-def bench_sim(quick: bool = False, duration_s: float | None = None) -> None:
+def bench_sim(quick: bool = False, duration_s: float | None = None, repeat: int = 1) -> None:
     from labkit import Engine, generate_agentx_trace, load_trace, trace_stats
     from labkit.bench_sim import bench_sim_speed
 
@@ -126,7 +131,7 @@ def bench_sim(quick: bool = False, duration_s: float | None = None) -> None:
     duration = duration_s or (120.0 if quick else 600.0)
     print("(b) closed-loop AgentX-like replays, concurrency 64, h200: simulator speed "
           "(CPU time of this process)")
-    bench_sim_speed(duration)
+    bench_sim_speed(duration, repeat)
     print("  target: >= 500x real time for qwen3-30b-a3b dp16 (goal 1000x)")
     engine = Engine(model="deepseek-v3", layout="dep16", hardware="h200",
                     router="session_sticky", num_speculative_tokens=3,

@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--against", metavar="REF", default=None,
                        help="sim: only the fast workload of (b), with this tree and with "
                             "labkit as it was at git revision REF, alternated")
+    bench.add_argument("--repeat", type=int, default=None, metavar="N",
+                       help="sim: time each replay of (b) N times and keep the least CPU "
+                            "time (and the median); with --against, N alternated rounds "
+                            "(default 2)")
     return parser
 
 
@@ -263,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             from labkit.bench import run_bench
 
             return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
-                             breakdown=args.breakdown, against=args.against)
+                             breakdown=args.breakdown, against=args.against,
+                             repeat=args.repeat)
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2

@@ -252,6 +252,15 @@ def test_bench_sim_breakdown_prints_the_components_and_only_for_sim(capsys):
     assert code == 2 and "--breakdown applies to `labkit bench sim` only" in err
 
 
+def test_bench_repeat_is_a_count_of_runs_for_sim_only(capsys):
+    code, _, err = run(capsys, "bench", "sim", "--repeat", "0")
+    assert code == 2 and "--repeat takes a count of runs, 1 or more" in err
+    code, _, err = run(capsys, "bench", "sim", "--repeat", "2", "--breakdown")
+    assert code == 2 and "not with --breakdown" in err
+    code, _, err = run(capsys, "bench", "kv", "--repeat", "2")
+    assert code == 2 and "--repeat applies to `labkit bench sim` only" in err
+
+
 def test_bench_against_only_for_sim_and_not_with_breakdown(capsys):
     code, _, err = run(capsys, "bench", "kv", "--against", "HEAD")
     assert code == 2 and "--against applies to `labkit bench sim` only" in err

@@ -1,0 +1,34 @@
+"""`labkit bench sim --repeat N`: each replay timed N times, the least CPU time kept
+(with its wall time) and the median, and whether every repeat gave the same result."""
+
+from types import SimpleNamespace
+
+import pandas as pd
+
+from labkit import bench_sim
+
+
+def _result(x: float):
+    return SimpleNamespace(requests=pd.DataFrame({"x": [x]}), steps=pd.DataFrame({"y": [1]}),
+                           summary={"steps": 3, "wall_s": x})
+
+
+def test_the_least_cpu_time_is_kept_with_its_wall_time_and_the_median(monkeypatch):
+    runs = iter([(_result(1.0), 5.0, 50.0), (_result(1.0), 3.0, 30.0),
+                 (_result(1.0), 4.0, 40.0), (_result(1.0), 9.0, 90.0)])
+    monkeypatch.setattr(bench_sim, "timed_replay", lambda *a, **k: next(runs))
+    first, cpu, wall, median, same = bench_sim._repeated({}, None, 1.0, True, 4)
+    assert (cpu, wall, median, same) == (3.0, 30.0, 4.5, True)
+    assert first.requests["x"].tolist() == [1.0]
+
+
+def test_a_repeat_that_differs_is_told(monkeypatch):
+    runs = iter([(_result(1.0), 5.0, 50.0), (_result(2.0), 3.0, 30.0)])
+    monkeypatch.setattr(bench_sim, "timed_replay", lambda *a, **k: next(runs))
+    assert bench_sim._repeated({}, None, 1.0, True, 2)[4] is False
+
+
+def test_one_run_is_itself(monkeypatch):
+    runs = iter([(_result(1.0), 5.0, 50.0)])
+    monkeypatch.setattr(bench_sim, "timed_replay", lambda *a, **k: next(runs))
+    assert bench_sim._repeated({}, None, 1.0, True, 1)[1:] == (5.0, 50.0, 5.0, True)
