@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
-from labkit.engine.events import StepsCompleted
 from labkit.engine import small_pages
+from labkit.engine.events import StepsCompleted
 from labkit.engine.itl_stats import ITLSamples
 from labkit.engine.request import Status
 from labkit.engine.run_health import run_health
