@@ -132,16 +132,21 @@ def _numbers(pieces) -> list:
     return [np.asarray(pieces).dtype.kind, np.float64(pieces).tobytes()]
 
 
+def _chunk_step_counts(rng, width: int, n: int = 40):
+    """n random counts of one rank's step with a prompt chunk (numbers, as `_counts`
+    gives them): chunks across three blocks, 0-4 decodes, 1-2 prompts."""
+    for _ in range(n):
+        prefill = int(rng.integers(1, 3 * BLOCK))
+        decodes = int(rng.integers(0, 5))
+        yield (np.int64(prefill), np.int64(decodes * width), np.int64(rng.integers(1, 3)),
+               np.int64(decodes), np.bool_(False))
+
+
 @pytest.mark.parametrize("name", sorted(TAKEN) + ["mla", "sliding window", "dcp"])
 def test_count_pieces_read_off_a_block_are_the_steps_own(name):
     model = _model({**TAKEN, **LEFT}[name])
     blocks = model.count_blocks
-    rng = np.random.default_rng(3)
-    for _ in range(40):
-        prefill = int(rng.integers(1, 3 * BLOCK))
-        decodes = int(rng.integers(0, 5))
-        counts = (np.int64(prefill), np.int64(decodes * model.width),
-                  np.int64(rng.integers(1, 3)), np.int64(decodes), np.bool_(False))
+    for counts in _chunk_step_counts(np.random.default_rng(3), model.width):
         assert blocks.takes(False, counts)
         read = blocks.pieces(*counts)
         model.count_blocks = None
@@ -156,12 +161,7 @@ def test_numbers_rows_read_off_a_block_are_the_steps_own(name):
     # what the compiled loop reads for a step with a chunk: its block's row of numbers
     model = _model(TAKEN[name])
     rows, blocks = model.compiled_rows, model.count_blocks
-    rng = np.random.default_rng(4)
-    for _ in range(40):
-        prefill = int(rng.integers(1, 3 * BLOCK))
-        decodes = int(rng.integers(0, 5))
-        counts = (np.int64(prefill), np.int64(decodes * model.width),
-                  np.int64(rng.integers(1, 3)), np.int64(decodes), np.bool_(False))
+    for counts in _chunk_step_counts(np.random.default_rng(4), model.width):
         got = blocks.numbers(counts, rows._count_numbers)
         model.count_blocks = None
         own = rows._count_numbers(model._count_pieces(False, *counts))
