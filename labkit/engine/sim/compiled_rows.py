@@ -105,19 +105,22 @@ class CompiledRows:
         columns = [c[:, 0] for c in counts]
         index, firsts = equal_runs(*columns)
         values = [c[firsts] for c in columns]
-        rows = [self._row(key, [v[i] for v in values])
+        rows = [self._row(key, values, i)
                 for i, key in enumerate(zip(*(v.tolist() for v in values)))]
         if any(r is None for r in rows):
             return None
         return (rows[0] if len(rows) == 1 else np.concatenate(rows)), index
 
-    def _row(self, key: tuple, step):
-        """The numbers row of a step whose counts are `step` (numpy numbers) and have
-        the values `key` (Python numbers), remembered by those values and the prefill
-        count's type (an int, or a float share: the other counts' types are fixed)."""
+    def _row(self, key: tuple, counts, i: int | None = None):
+        """The numbers row of a step whose counts have the values `key` (Python
+        numbers), remembered by those values and the prefill count's type (an int, or a
+        float share: the other counts' types are fixed). `counts`: the step's counts as
+        numpy numbers, or (`i` given) columns whose element i they are — read only on a
+        miss."""
         key = (type(key[0]), *key)
         found = self._rows_by_counts.get(key, _MISSING)
         if found is _MISSING:
+            step = counts if i is None else [c[i] for c in counts]
             if len(self._rows_by_counts) >= MAX_ENTRIES:
                 self._rows_by_counts.clear()
             model, blocks = self.model, self.model.count_blocks
