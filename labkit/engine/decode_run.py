@@ -165,7 +165,8 @@ class DecodeRun:
         if stop <= first:
             return []
         times = ends[first:stop]
-        gaps = (times[1:] - times[:-1]).tolist()
+        gaps = times[1:] - times[:-1]  # every request's, held by reference (`TokenGaps`)
+        gaps.flags.writeable = False
         first_end, last_end = float(times[0]), float(times[-1])
         gained = (self.held[:, stop] - self.held[:, first]).tolist()
         chunked = () if self.prefill is None else (  # not decoding throughout

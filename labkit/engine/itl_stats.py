@@ -1,12 +1,16 @@
-"""Inter-token latencies (ITL) of many requests, read once for the tables.
+"""Inter-token latencies (ITL): how requests record them, and how the tables read them.
 
-Each request keeps its ITL as a list of floats, one per emission after the first
-token (`Request.itl`). The requests table wants, per request, their mean, P50, P90 and
-maximum; the summary wants all of them, in one array. `ITLSamples` turns the lists
-into that one array once and hands out each request's statistics from it.
+Each request records one gap per emission after its first token (`Request.itl`, a
+`TokenGaps`). A step emits one gap per request; a fast-forwarded run emits, for every
+request in it, the gap to its first step's end and then the run's step gaps — the same
+array for all of them, which `TokenGaps` holds by reference: a replay of 600 s has
+about 1.6M gaps, most from runs, and holding them as Python floats cost a float object
+and a list slot each (~50 MB) and a conversion per request and run.
 
-A replay of 600 s holds about 1.6M ITLs over 2K requests: one `np.percentile` call
-per request (about 100 µs of set-up each) was most of the table's cost. The
+The requests table wants, per request, their mean, P50, P90 and maximum; the summary
+wants all of them, in one array. `ITLSamples` lays the gaps out as that one array once
+and hands out each request's statistics from it: one `np.percentile` call per request
+(about 100 µs of set-up each) was most of the table's cost. The
 percentiles here are numpy's default ('linear') taken from a sorted copy of the
 request's ITLs, computed step by step as `np.percentile` computes them, so they equal
 its results bit for bit (a test compares them on many samples).
@@ -15,9 +19,60 @@ its results bit for bit (a test compares them on many samples).
 from __future__ import annotations
 
 import math
-from itertools import chain
 
 import numpy as np
+
+
+class TokenGaps:
+    """One request's gaps between successive token emissions, in order: single gaps
+    (`append`) and runs of them (`extend`; an array is kept as it is, so it must not
+    change afterwards — a run's gaps are read-only)."""
+
+    __slots__ = ("_pieces", "_n")
+
+    def __init__(self) -> None:
+        self._pieces: list = []  # floats and arrays of floats, in order
+        self._n = 0
+
+    def append(self, gap: float) -> None:
+        self._pieces.append(gap)
+        self._n += 1
+
+    def extend(self, gaps) -> None:
+        gaps = gaps if isinstance(gaps, np.ndarray) else np.asarray(gaps, dtype=float)
+        if len(gaps):
+            self._pieces.append(gaps)
+            self._n += len(gaps)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def values(self) -> np.ndarray:
+        """The gaps, as one float64 array (a copy)."""
+        out = np.empty(self._n)
+        self.lay_out(out, 0)
+        return out
+
+    def lay_out(self, out: np.ndarray, at: int) -> int:
+        """Write the gaps into `out` from index `at`; returns where they end."""
+        for p in self._pieces:
+            if isinstance(p, np.ndarray):
+                out[at : at + len(p)] = p
+                at += len(p)
+            else:
+                out[at] = p
+                at += 1
+        return at
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = self.values()
+        return values if dtype is None else values.astype(dtype)
+
+    def __iter__(self):
+        return iter(self.values().tolist())
+
+    def __repr__(self) -> str:
+        return f"TokenGaps({self.values().tolist()})"
 
 
 class ITLSamples:
@@ -25,8 +80,10 @@ class ITLSamples:
 
     def __init__(self, requests: list) -> None:
         counts = [len(r.itl) for r in requests]
-        self.values = np.fromiter(chain.from_iterable(r.itl for r in requests), float,
-                                  count=sum(counts))
+        self.values = np.empty(sum(counts))
+        at = 0
+        for r in requests:
+            at = r.itl.lay_out(self.values, at)
         self._bounds = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).tolist()
         self._counts = counts
 

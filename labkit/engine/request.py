@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from labkit.engine.itl_stats import TokenGaps
+
 
 class Status(Enum):
     PENDING = "pending"  # known, not yet arrived (e.g. a forked child in its delay)
@@ -73,7 +75,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache (or fork) hit at first admission
     num_preemptions: int = 0
     num_computed_prefill_tokens: int = 0  # prompt tokens actually computed, recompute included
-    itl: list = field(default_factory=list)  # gaps between successive token emissions
+    itl: TokenGaps = field(default_factory=TokenGaps)  # gaps between successive emissions
 
     def __post_init__(self) -> None:
         if not self.max_tokens:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from labkit.engine.events import EventBus, StepsCompleted
-from labkit.engine.itl_stats import ITLSamples
+from labkit.engine.itl_stats import ITLSamples, TokenGaps
 from labkit.engine.metrics import STEP_COLUMNS, StepRecorder
 
 
@@ -137,16 +137,50 @@ def test_itl_stats_equal_numpy_per_request():
             itl = np.round(itl, 3)
         if n > 1 and rng.random() < 0.05:
             itl[int(rng.integers(0, n))] = rng.choice([np.nan, np.inf, -np.inf])
-        requests.append(SimpleNamespace(itl=itl.tolist()))
+        requests.append(SimpleNamespace(itl=_recorded(itl, rng), gaps=itl))
     samples = ITLSamples(requests)
     for i, r in enumerate(requests):
         with np.errstate(invalid="ignore"):  # numpy's warnings on infinite gaps
             got = np.array(samples.stats(i), dtype=float)
-            itl = np.asarray(r.itl, dtype=float)
+            itl = r.gaps
             want = np.array([itl.mean(), *np.percentile(itl, (50, 90)), itl.max()]) \
                 if len(itl) else np.full(4, np.nan)
         assert got.tobytes() == want.tobytes(), (i, len(itl))
     keep = [bool(k) for k in rng.random(len(requests)) < 0.5]
-    want = np.concatenate([np.asarray(r.itl, dtype=float)
-                           for r, k in zip(requests, keep) if k])
+    want = np.concatenate([r.gaps for r, k in zip(requests, keep) if k])
     assert samples.where(keep).tobytes() == want.tobytes()
+
+
+def _recorded(gaps: np.ndarray, rng) -> TokenGaps:
+    """`gaps` recorded as a replay records them: single gaps (Python floats) and runs
+    of them (read-only arrays, as a fast-forwarded run hands out), in random pieces."""
+    recorded, at = TokenGaps(), 0
+    while at < len(gaps):
+        n = int(rng.integers(0, 6)) if rng.random() < 0.5 else 1
+        if n == 1 and rng.random() < 0.7:
+            recorded.append(float(gaps[at]))
+        else:
+            run = gaps[at : at + n].copy()
+            run.flags.writeable = False
+            recorded.extend(run)
+        at += n
+    return recorded
+
+
+def test_token_gaps_read_as_the_list_of_gaps_recorded():
+    rng = np.random.default_rng(5)
+    for n in [0, 1, 2, 7, 50]:
+        gaps = rng.exponential(0.01, size=n)
+        recorded = _recorded(gaps, rng)
+        assert len(recorded) == n
+        assert recorded.values().tobytes() == gaps.tobytes()
+        assert np.asarray(recorded).tobytes() == gaps.tobytes()
+        assert list(recorded) == gaps.tolist()
+        assert sum(recorded) == pytest.approx(gaps.sum())
+    # a run's gaps are held by reference, and its values are read when asked for
+    recorded, run = TokenGaps(), np.array([0.5, 0.25])
+    recorded.append(1.0)
+    recorded.extend(run)
+    recorded.extend([])
+    recorded.extend([0.125])
+    assert list(recorded) == [1.0, 0.5, 0.25, 0.125] and len(recorded) == 4
