@@ -207,16 +207,16 @@ class Instance:
         if plan.run is not None:
             first, steps = plan.run.committed, plan.run.steps
             pairs = plan.run.play(steps, steps)
-            # the steps before the last one end before anyone finishes (as stepping
-            # one by one would announce them)
-            last = steps - 1 if pairs else steps
-            self._emit_steps(plan, first, last)
-            finished = []
-            for s, req in pairs:
-                s.kv.set_time(plan.end)
-                s.finish(req, plan.end)
-                finished.append(req)
-            self._emit_steps(plan, max(first, last), steps)
+            if self.events.wants(RequestTokens):
+                # the steps before the last one end before anyone finishes (as stepping
+                # one by one would announce them): their requests still hold their KV
+                last = steps - 1 if pairs else steps
+                self._emit_steps(plan, first, last)
+                finished = self._finish(pairs, plan.end)
+                self._emit_steps(plan, max(first, last), steps)
+            else:  # (the steps' own columns do not change as requests finish)
+                finished = self._finish(pairs, plan.end)
+                self._emit_steps(plan, first, steps)
         else:
             finished = []
             for s, batch in zip(self.schedulers, plan.batches):
@@ -226,6 +226,14 @@ class Instance:
             self._emit_steps(plan, 0, 1)
         self.plan = None
         return finished
+
+    @staticmethod
+    def _finish(pairs, t: float) -> list:
+        """The (scheduler, request) pairs a run finished, finished at t."""
+        for s, req in pairs:
+            s.kv.set_time(t)
+            s.finish(req, t)
+        return [req for _, req in pairs]
 
     def sync(self, t: float, cut: bool = True) -> bool:
         """Someone looks at this instance at time t. If a fast-forwarded run is under

@@ -160,35 +160,44 @@ def _gather(table, order, out):
 def request_rows(requests: list, with_tokens: bool = False,
                  itl: ITLSamples | None = None) -> pd.DataFrame:
     """One row per request; `with_tokens` (compute plane) adds `output_token_ids`.
-    `itl`: the requests' ITLs, if already read."""
+    `itl`: the requests' ITLs, if already read. (Built column by column.)"""
     itl = itl if itl is not None else ITLSamples(requests)
-    rows = []
-    for i, r in enumerate(requests):
-        itl_mean, p50, p90, itl_max = itl.stats(i)
-        done = r.finish_s is not None
-        ttft = r.first_token_s - r.arrival_s if r.first_token_s is not None else np.nan
-        e2el = r.finish_s - r.arrival_s if done else np.nan
-        tpot = ((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
-                if done and r.num_output_tokens > 1 else np.nan)
-        rows.append({
-            "request_id": r.request_id, "session_id": r.session_id, "kind": r.kind,
-            "parent_id": r.parent_id, "rank": r.rank, "arrival_s": r.arrival_s,
-            "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s,
-            "finish_s": r.finish_s, "input_tokens": r.num_prompt_tokens,
-            "cached_tokens": max(r.num_cached_tokens, 0),
-            "fetched_tokens": r.num_fetched_tokens,
-            "offload_tokens": r.num_offload_tokens,
-            "transferred_tokens": r.num_transferred_tokens,
-            "computed_prefill_tokens": r.num_computed_prefill_tokens,
-            "output_tokens": r.num_output_tokens, "ttft_s": ttft, "tpot_s": tpot,
-            "e2el_s": e2el,
-            "itl_mean_s": itl_mean, "itl_p50_s": p50, "itl_p90_s": p90,
-            "itl_max_s": itl_max,
-            "preemptions": r.num_preemptions, "completed": done,
-        })
-        if with_tokens:
-            rows[-1]["output_token_ids"] = list(r.output_token_ids)
-    return pd.DataFrame(rows)
+    stats = [itl.stats(i) for i in range(len(requests))]
+    nan = np.nan
+    cols = {
+        "request_id": [r.request_id for r in requests],
+        "session_id": [r.session_id for r in requests],
+        "kind": [r.kind for r in requests],
+        "parent_id": [r.parent_id for r in requests],
+        "rank": [r.rank for r in requests],
+        "arrival_s": [r.arrival_s for r in requests],
+        "first_scheduled_s": [r.first_scheduled_s for r in requests],
+        "first_token_s": [r.first_token_s for r in requests],
+        "finish_s": [r.finish_s for r in requests],
+        "input_tokens": [r.num_prompt_tokens for r in requests],
+        "cached_tokens": [max(r.num_cached_tokens, 0) for r in requests],
+        "fetched_tokens": [r.num_fetched_tokens for r in requests],
+        "offload_tokens": [r.num_offload_tokens for r in requests],
+        "transferred_tokens": [r.num_transferred_tokens for r in requests],
+        "computed_prefill_tokens": [r.num_computed_prefill_tokens for r in requests],
+        "output_tokens": [r.num_output_tokens for r in requests],
+        "ttft_s": [r.first_token_s - r.arrival_s if r.first_token_s is not None else nan
+                   for r in requests],
+        "tpot_s": [(r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+                   if r.finish_s is not None and r.num_output_tokens > 1 else nan
+                   for r in requests],
+        "e2el_s": [r.finish_s - r.arrival_s if r.finish_s is not None else nan
+                   for r in requests],
+        "itl_mean_s": [s[0] for s in stats],
+        "itl_p50_s": [s[1] for s in stats],
+        "itl_p90_s": [s[2] for s in stats],
+        "itl_max_s": [s[3] for s in stats],
+        "preemptions": [r.num_preemptions for r in requests],
+        "completed": [r.finish_s is not None for r in requests],
+    }
+    if with_tokens:
+        cols["output_token_ids"] = [list(r.output_token_ids) for r in requests]
+    return pd.DataFrame(cols)
 
 
 def _pct(values, q: float) -> float:
