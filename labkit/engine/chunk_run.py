@@ -43,17 +43,20 @@ class RunTokens:
     prefill: np.ndarray | None  # (n, k) bool: a prefill chunk; None: every entry decodes
     steps: int  # k, up to the first step that finishes a request
     finishes: bool  # step k - 1 finishes one
-    lands: tuple = ()  # rows whose fetched prefix KV has landed: step 0 takes it in
+    lands: tuple = ()  # rows whose fetched prefix KV has landed: step land_step takes it in
+    land_step: int = 0  # (0: it landed before the run; later: a row that joins the run)
 
 
 def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
-                max_steps: int) -> RunTokens | None:
+                max_steps: int, join: tuple[int, int] | None = None) -> RunTokens | None:
     """The tokens of up to max_steps steps (`cum`: tokens each decode accepts before
-    step j); None if a rank's steps are not exactly this plan (see the docstring)."""
+    step j); None if a rank's steps are not exactly this plan (see the docstring).
+    `join`: (row, step) — that row's prefix KV is on the wire until the step, which
+    takes it in and starts its chunks (it sits the steps before out)."""
     width = config.tokens_per_decode_step
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
-    if all(r.is_decoding for _, r in pairs):
+    if join is None and all(r.is_decoding for _, r in pairs):
         # every request gains cum[j] by step j; the first to finish ends the run
         first_done = int(cum.searchsorted(remaining.min(), side="left"))
         k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
@@ -66,34 +69,42 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     prefill = np.zeros((len(pairs), max_steps), dtype=bool)
     done = cum.searchsorted(remaining, side="left")  # steps to finish, decoding
     steps, lands = max_steps, []
+    joining, land_step = join if join is not None else (-1, 0)
     for i in (~decoding).nonzero()[0].tolist():
         scheduler, req = pairs[i]
         rank_decodes = sum(1 for j, (s, _) in enumerate(pairs) if s is scheduler and j != i)
-        chunk = _chunks(scheduler, req, rank_decodes, step_index, cum, config, max_steps)
+        at = land_step if i == joining else 0  # its first step in the run
+        chunk = _chunks(scheduler, req, rank_decodes, step_index + at, config,
+                        max_steps - at)
         if chunk is None:
             return None
         sizes, before, last, after = chunk
-        if req.kv_ready_s:  # landed (the run's requests are not on the wire)
+        if req.kv_ready_s:  # landed (or lands when it joins)
             lands.append(i)
-        steps = min(steps, after)
-        pending = req.num_pending_tokens
-        held[i, : last + 1] = req.num_computed_tokens + before[: last + 1]
-        new[i, : last + 1] = sizes[: last + 1]
-        prefill[i, : last + 1] = sizes[: last + 1] > 0
-        if last < max_steps:  # a decode from step last + 1 on, from a full prompt
-            left = cum[last + 1:] - cum[last + 1]
-            held[i, last + 1:] = req.num_computed_tokens + pending + \
+        steps = min(steps, at + after)
+        pending, end = req.num_pending_tokens, at + last  # end: the step ending its prompt
+        new[i, :at] = 0
+        held[i, at : end + 1] = req.num_computed_tokens + before[: last + 1]
+        new[i, at : end + 1] = sizes[: last + 1]
+        prefill[i, at : end + 1] = sizes[: last + 1] > 0
+        if end < max_steps:  # a decode from step end + 1 on, from a full prompt
+            left = cum[end + 1:] - cum[end + 1]
+            held[i, end + 1:] = req.num_computed_tokens + pending + \
                 np.minimum(left, remaining[i] - 1)
-            done[i] = last + 1 + int(np.searchsorted(left, remaining[i] - 1, side="left"))
+            done[i] = end + 1 + int(np.searchsorted(left, remaining[i] - 1, side="left"))
         else:
             done[i] = max_steps + 1
+    if joining >= 0:
+        held[joining, :land_step] = computed[joining]  # sitting out, its prefix held
+        if land_step >= min(steps, int(done.min())) or lands != [joining]:
+            return None  # the run would end before it joins (or another row lands)
     first_done = int(done.min())
     k, finishes = (first_done, True) if first_done <= steps else (steps, False)
-    return RunTokens(held[:, : k + 1], new[:, :k], prefill[:, :k], k, finishes, tuple(lands))
+    return RunTokens(held[:, : k + 1], new[:, :k], prefill[:, :k], k, finishes, tuple(lands),
+                     land_step if lands else 0)
 
 
-def _chunks(scheduler, req, rank_decodes: int, step_index: int, cum, config,
-            max_steps: int):
+def _chunks(scheduler, req, rank_decodes: int, step_index: int, config, max_steps: int):
     """(chunk sizes of req's prefill per step (max_steps,), the tokens computed before
     each step (max_steps + 1,), the step that ends its prompt (max_steps if none does),
     the steps a run may take before its decodes would be cut by the budget), or None

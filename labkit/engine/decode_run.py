@@ -67,10 +67,11 @@ class DecodeRun:
     kv_calls: np.ndarray  # (n, k) bool: step j of request i allocates or slides
     kv_used: np.ndarray  # (k, R) blocks in use during each step
     finishes: bool  # the last step finishes a request
-    lands: tuple = ()  # rows whose landed prefix KV step 0 takes in (`chunk_run.py`)
+    lands: tuple = ()  # rows whose landed prefix KV step land_step takes in (`chunk_run.py`)
     chunk_end: int = 0  # the steps before it carry prefill chunks (or sit one out)
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
+    land_step: int = 0  # (a row that joins the run when its prefix KV lands: then)
 
     @property
     def steps(self) -> int:
@@ -92,12 +93,13 @@ class DecodeRun:
         boundary first the ending step's registrations, then the next one's
         allocations (and its prefill chunks' registrations). Returns the (scheduler,
         request) pairs that finished."""
-        split = self.chunk_end
-        if self.committed < split < max(alloc_stop, commit_stop):
-            # the steps with prefill chunks play call by call, those after may batch
-            finished = self._play(min(alloc_stop, split), min(commit_stop, split))
-            return finished + self._play(alloc_stop, commit_stop)
-        return self._play(alloc_stop, commit_stop)
+        # the steps with prefill chunks play call by call, those before (where a row
+        # joins the run later) and after them may batch
+        finished, stop = [], max(alloc_stop, commit_stop)
+        for split in (self.land_step if self.lands else 0, self.chunk_end):
+            if self.committed < split < stop:
+                finished += self._play(min(alloc_stop, split), min(commit_stop, split))
+        return finished + self._play(alloc_stop, commit_stop)
 
     def _play(self, alloc_stop: int, commit_stop: int) -> list:
         first = self.committed
@@ -130,8 +132,9 @@ class DecodeRun:
             req_idx, step_idx = np.nonzero(self.prefill[rows, self.allocated : alloc_stop])
             events += [(j + self.allocated, 2, rows[i], 1, j + self.allocated)
                        for i, j in zip(req_idx.tolist(), step_idx.tolist())]
-            if self.allocated == 0:
-                events += [(0, 1, i, 0, 0) for i in self.lands]
+            at = self.land_step
+            if self.allocated <= at < alloc_stop:
+                events += [(at, 1, i, 0, at) for i in self.lands]
         req_idx, step_idx = np.nonzero(fills[rows])
         events += [(first + j + 1, 0, rows[i], 1, first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]
@@ -174,7 +177,7 @@ class DecodeRun:
         finished = []
         for i, ((scheduler, req), n) in enumerate(zip(self.pairs, gained)):
             if len(chunked) and chunked[i]:
-                self._emit_chunked(i, first, stop, ends)
+                self._emit_chunked(i, first, stop, ends, gaps)
             else:
                 req.itl.append(first_end - req.last_token_s)
                 req.itl.extend(gaps)
@@ -186,15 +189,16 @@ class DecodeRun:
         self.committed = stop
         return finished
 
-    def _emit_chunked(self, i: int, first: int, stop: int, ends) -> None:
-        """Steps [first, stop) of a request that computes prefill chunks in some: what
-        `Scheduler.update` does, step by step (the prompt's last chunk emits the first
-        token)."""
+    def _emit_chunked(self, i: int, first: int, stop: int, ends, gaps) -> None:
+        """Steps [first, stop) of a request that computes prefill chunks in some (or sits
+        some out): what `Scheduler.update` does, step by step (the prompt's last chunk
+        emits the first token) — and, for the decodes after them, what it does in all
+        of them at once (`gaps`: the steps' gaps, as `_emit_tokens` has them)."""
         scheduler, req = self.pairs[i]
-        for j in range(first, stop):
+        busy = (self.prefill[i, first:stop] | (self.new[i, first:stop] == 0)).nonzero()[0]
+        tail = first + int(busy[-1]) + 1  # it decodes in every step from here on
+        for j in (self.new[i, first:tail].nonzero()[0] + first).tolist():
             n, t = int(self.new[i, j]), float(ends[j])
-            if n == 0:
-                continue  # a deferred chunk: not in the step
             if not self.prefill[i, j]:
                 accepted = int(self.held[i, j + 1] - self.held[i, j])
                 req.num_computed_tokens += accepted
@@ -207,6 +211,13 @@ class DecodeRun:
             if req.num_computed_tokens == req.num_tokens:
                 if req.emit(1, t) and scheduler.events.wants(FirstToken):
                     scheduler.events.emit(FirstToken(t, req.request_id, scheduler.rank))
+        if tail < stop:  # (its first token came with its prompt's last chunk)
+            gained = int(self.held[i, stop] - self.held[i, tail])
+            req.itl.append(float(ends[tail]) - req.last_token_s)
+            req.itl.extend(gaps[tail - first:])
+            req.num_output_tokens += gained
+            req.num_computed_tokens += gained
+            req.last_token_s = float(ends[stop - 1])
 
     def could_change_lookup(self, scheduler, req, match, now: float) -> bool:
         """Could playing the run up to `now` (`Instance.sync`) change `match`, req's
@@ -267,6 +278,8 @@ class DecodeRun:
         if self.prefill is not None:
             self.prefill = self.prefill[:, :steps]
         self.chunk_end = min(self.chunk_end, steps)
+        if steps <= self.land_step:
+            self.lands = ()  # its KV lands after the steps kept
         self.finishes = False
 
 

@@ -148,7 +148,8 @@ class Instance:
         scheduled = batches is not None
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s, scheduled, self.rest)
+                              MAX_RUN_STEPS, self.last_step_s, scheduled, self.rest,
+                              min_run_steps=MIN_RUN_STEPS)
         if run is None or (scheduled and not run.starts_as(batches)):
             return None
         return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)

@@ -53,21 +53,24 @@ def _accepted(phase: int, steps: int, p: int, q: int) -> np.ndarray:
 def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int, step_guess_s: float = 0.0,
-                    scheduled: bool = False, rest: RunRest | None = None) -> DecodeRun | None:
+                    scheduled: bool = False, rest: RunRest | None = None,
+                    min_run_steps: int | None = None) -> DecodeRun | None:
     """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
     one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
-    step that starts once one of them has landed (that step schedules it).
+    step that starts once one of them has landed (that step schedules it) — unless the
+    run can go on with it (`_join_landing`; `min_run_steps`: where the instance plans a
+    run rather than a single step, `Instance.plan_next`; None: never).
     `step_guess_s` (a recent step's duration, 0: none) only saves work: the cost of
     steps past the horizon is not computed. `scheduled`: the schedulers have just
     scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
     registered, so the run starts with them done (None if step 0 would need more).
     `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit."""
-    pairs, rank_of, landing = [], [], np.inf
+    pairs, rank_of, wire = [], [], []
     for rank, s in enumerate(schedulers):
         for r in s.running:
             if s.on_the_wire(r):
-                landing = min(landing, r.kv_ready_s)
+                wire.append((rank, r))
             else:
                 pairs.append((s, r))
                 rank_of.append(rank)
@@ -75,80 +78,143 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None
     if any(s.kv.tail_is_shared(r) for s, r in pairs):
         return None  # a copy-on-write is due: let a normal step do it
-    width = config.tokens_per_decode_step
-    priced = None  # (timing, work) of the steps, when a cut run's rest gives them
+    landing = min((r.kv_ready_s for _, r in wire), default=np.inf)
+    plan = _Planner(schedulers, step_index, acceptance, config, cost_model, lockstep, now,
+                    horizon, max_steps, step_guess_s, scheduled)
     if rest is not None and rest.continues(pairs, step_index, now):
         tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes)
-        priced = rest.timing, rest.work
+        run = plan.run(pairs, rank_of, tokens, landing, priced=(rest.timing, rest.work))
     else:
-        cum = accepted_before(step_index, max_steps, acceptance)
-        tokens = plan_tokens(pairs, rank_of, step_index, cum, config, max_steps)
-    if tokens is None or (tokens.prefill is not None
-                          and not getattr(cost_model, "prices_chunk_rows", True)):
-        return None
-    k, finishes = tokens.steps, tokens.finishes
-    held, new = tokens.held, tokens.new
-
-    # Blocks each request takes when step j starts: its slots are held + new tokens.
-    have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
-    net = _blocks_taken(held, new, have, schedulers[0].kv.block_size)  # (n, k)
-    calls = net > 0
-    if schedulers[0].kv.window is not None:
-        slid = _window_slides(pairs, held[:, :k])
-        if slid is None:
-            return None  # a window page is shared: its release is not ours to plan
-        pages = schedulers[0].kv.window.pages_per_block
-        net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
-    if scheduled and calls[:, 0].any():
-        return None  # step 0's KV work is not all done: not the step scheduled
-    free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
-    taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
-    if fit < k:
-        k, finishes = fit, False
-        if k < 1:
-            return None
-
-    prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
-    if tokens.prefill is not None:
-        prefill = tokens.prefill[:, :k]
-        busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
-        chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0, int(bool(tokens.lands)))
-
-    # Cost of each step, then cut before the first step ending at or after the horizon.
-    ranks = len(schedulers)
-    if priced is not None:
-        timing, work = priced[0].head(k), priced[1].head(k)
-    elif tokens.prefill is None:
-        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
-        base = rank_sums(held[:, 0], rank_of, ranks)
-
-        def rows(a: int, b: int) -> StepWork:
-            return decode_work(counts, base, cum[a:b], width)
-    else:
-        whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
-        rows = whole.rows
-    if priced is None:
-        prices_whole = getattr(cost_model, "prices_runs_whole", None)
-        head = 0 if prices_whole is not None and prices_whole(lockstep, ranks) else chunk_end
-        timing, work = _step_timing(cost_model, lockstep, rows, k, now, horizon,
-                                    step_guess_s, head)
-    times = _running_sum(now, timing.duration)  # each step starts where the last ended
-    start, ends = times[:-1], times[1:]
-    within = int(ends.searchsorted(horizon, side="left"))  # steps ending < horizon
-    within = min(within, int(start.searchsorted(landing, side="left")))
-    if within < 1:
-        return None
-    used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
-    kv_used = used0[None, :] + taken[:k]
-    run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
-                    net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                    chunk_end, allocated=int(scheduled))
-    run.truncate(within)
+        run = plan.run(pairs, rank_of, plan.tokens(pairs, rank_of), landing)
+    if run is not None and plan.cut_by_landing and len(wire) == 1 \
+            and min_run_steps is not None:
+        return _join_landing(plan, run, pairs, rank_of, *wire[0], min_run_steps) or run
     return run
 
 
+def _join_landing(plan, run: DecodeRun, pairs, rank_of, rank: int, req,
+                  min_run_steps: int) -> DecodeRun | None:
+    """The run, cut where `req`'s prefix KV lands (step L), planned on with req from L,
+    as the instance would plan it then (None where it would not, or not as a run).
+
+    At step L the rank takes the landed KV in and, req being its last request, may run
+    its prompt's chunks in a run (`Scheduler.may_join_run`); the run before L is decodes
+    alone, which req's landing does not change, and the instance would plan a run at L
+    (`min_run_steps`). So the steps planned then are those a run planned now with req
+    sitting out until L plans (`plan_tokens`' `join`), and steps before L cost what
+    they cost in the run cut there."""
+    steps = run.steps
+    scheduler = plan.schedulers[rank]
+    if run.prefill is not None or not scheduler.may_join_run(req) \
+            or scheduler.kv.tail_is_shared(req) \
+            or not plan.horizon - run.end > min_run_steps * float(run.timing.duration[-1]):
+        return None
+    at = sum(1 for r in rank_of if r <= rank)  # after its rank's running requests
+    pairs = pairs[:at] + [(scheduler, req)] + pairs[at:]
+    rank_of = rank_of[:at] + [rank] + rank_of[at:]
+    tokens = plan.tokens(pairs, rank_of, join=(at, steps))
+    if tokens is None:
+        return None
+    joined = plan.run(pairs, rank_of, tokens, np.inf, known=run.timing)
+    return joined if joined is not None and joined.steps > steps else None
+
+
+class _Planner:
+    """What `plan_decode_run` plans a run from, and how: its tokens (`plan_tokens`),
+    then blocks, costs and bounds (`run`)."""
+
+    def __init__(self, schedulers, step_index: int, acceptance, config, cost_model,
+                 lockstep: bool, now: float, horizon: float, max_steps: int,
+                 step_guess_s: float, scheduled: bool) -> None:
+        self.schedulers, self.step_index, self.config = schedulers, step_index, config
+        self.cost_model, self.lockstep, self.now, self.horizon = cost_model, lockstep, now, \
+            horizon
+        self.max_steps, self.step_guess_s, self.scheduled = max_steps, step_guess_s, scheduled
+        self.cum = accepted_before(step_index, max_steps, acceptance)
+        self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
+
+    def tokens(self, pairs, rank_of, join=None) -> RunTokens | None:
+        return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
+                           self.max_steps, join)
+
+    def run(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
+            priced=None, known=None) -> DecodeRun | None:
+        """The run of these tokens: blocks, costs, bounds. `priced`: (timing, work) of
+        its steps, from a cut run's rest; `known`: the timing of its first steps (a
+        run it continues, `_join_landing`)."""
+        schedulers, config, cost_model = self.schedulers, self.config, self.cost_model
+        if tokens is None or (tokens.prefill is not None
+                              and not getattr(cost_model, "prices_chunk_rows", True)):
+            return None
+        k, finishes = tokens.steps, tokens.finishes
+        held, new = tokens.held, tokens.new
+        width = config.tokens_per_decode_step
+
+        # Blocks each request takes when step j starts: its slots are held + new tokens.
+        have = np.array([s.kv.tables[r.request_id].n for s, r in pairs], dtype=np.int64)
+        net = _blocks_taken(held, new, have, schedulers[0].kv.block_size)  # (n, k)
+        calls = net > 0
+        if schedulers[0].kv.window is not None:
+            slid = _window_slides(pairs, held[:, :k])
+            if slid is None:
+                return None  # a window page is shared: its release is not ours to plan
+            pages = schedulers[0].kv.window.pages_per_block
+            net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
+        if self.scheduled and calls[:, 0].any():
+            return None  # step 0's KV work is not all done: not the step scheduled
+        free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
+        taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
+        if fit < k:
+            k, finishes = fit, False
+        if k < 1 or (known is not None and k <= len(known.duration)):
+            return None
+
+        prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
+        if tokens.prefill is not None:
+            prefill = tokens.prefill[:, :k]
+            busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
+            chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0,
+                            tokens.land_step + 1 if tokens.lands else 0)
+
+        # Cost of each step, then cut before the first step ending at or after the horizon.
+        ranks = len(schedulers)
+        if priced is not None:
+            timing, work = priced[0].head(k), priced[1].head(k)
+        else:
+            if tokens.prefill is None:
+                counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
+                base = rank_sums(held[:, 0], rank_of, ranks)
+                cum = self.cum
+
+                def rows(a: int, b: int) -> StepWork:
+                    return decode_work(counts, base, cum[a:b], width)
+            else:
+                whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
+                rows = whole.rows
+            prices_whole = getattr(cost_model, "prices_runs_whole", None)
+            head = 0 if prices_whole is not None and prices_whole(self.lockstep, ranks) \
+                else chunk_end
+            timing, work = _step_timing(cost_model, self.lockstep, rows, k, self.now,
+                                        self.horizon, self.step_guess_s, head, known)
+        times = _running_sum(self.now, timing.duration)  # each step starts where the last ended
+        start, ends = times[:-1], times[1:]
+        within = int(ends.searchsorted(self.horizon, side="left"))  # steps ending < horizon
+        landed = int(start.searchsorted(landing, side="left"))  # steps starting before it
+        self.cut_by_landing = landed < min(within, k)
+        within = min(within, landed)
+        if within < 1:
+            return None
+        used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
+        kv_used = used0[None, :] + taken[:k]
+        run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
+                        net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
+                        chunk_end, allocated=int(self.scheduled), land_step=tokens.land_step)
+        run.truncate(within)
+        return run
+
+
 def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
-                 step_guess_s: float, head: int = 0):
+                 step_guess_s: float, head: int = 0, known=None):
     """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
     a first part of them that ends at or after the horizon (what lies beyond is cut
     from the run anyway), and the StepWork of the steps costed. The part is sized from
@@ -157,12 +223,13 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
     decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
     memo; a model that prices such a run as cheaply whole, `prices_runs_whole`, gets
     head 0). A step's cost depends on its own row of the work alone, so the parts are
-    the rows of the whole."""
+    the rows of the whole. `known`: the timing of the first steps, costed already."""
+    done = 0 if known is None else len(known.duration)
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    bounds = sorted({0, min(head, k), first, k})
-    parts = []
+    bounds = sorted({b for b in (0, min(head, k), first, k) if b > done} | {done})
+    parts = [] if known is None else [known]
     for a, b in zip(bounds, bounds[1:]):
         work = rows(a, b)
         parts.append(cost_model.step_timing(work, lockstep))

@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from labkit.engine.events import (
-    EventBus, FirstToken, RequestPreempted, RequestScheduled, StepStarted,
+    EventBus, FirstToken, RequestPreempted, RequestScheduled, RequestTokens, StepStarted,
 )
 from labkit.engine.kv.block_table import NO_MATCH, PrefixMatch
 from labkit.engine.kv.kv_manager import KVManager
@@ -184,7 +184,7 @@ class Scheduler:
                 return False
         return decoding > 0 or not (last.is_decoding or self.on_the_wire(last))
 
-    def _runs_chunks(self) -> bool:
+    def _runs_chunks(self, joining: Request | None = None) -> bool:
         """May a run carry the last running request's prefill chunks (`chunk_run.py`)?
         Not with KV on the wire, nor where the chunks' KV work is more than blocks
         (sliding-window pages, state snapshots, offload write-through), nor on a P/D
@@ -197,7 +197,19 @@ class Scheduler:
                 and not self.events.wants(StepStarted)
                 and not self.hold_kv_on_finish and kv.window is None
                 and kv.snapshots is None and kv.on_cached is None
-                and not any(self.on_the_wire(r) for r in self.running))
+                and not any(self.on_the_wire(r) for r in self.running if r is not joining))
+
+    def may_join_run(self, req: Request) -> bool:
+        """Once req's prefix KV has landed, may a run that went on while it was on the
+        wire go on with it (`run_plan._join_landing`)? Where the step that takes the KV
+        in would find this rank steady, with req's prompt chunks to run
+        (`is_steady`): req is the last running request, the only one on the wire, not
+        a P/D hand-over (seen a step late, landing decoding), and a run may carry its
+        chunks — and nobody reads the per-step token rows, which list a request on the
+        wire apart (`Instance._run_tokens`)."""
+        return (bool(self.running) and self.running[-1] is req and not req.async_kv_load
+                and not req.is_decoding and not req.pending_copies
+                and not self.events.wants(RequestTokens) and self._runs_chunks(joining=req))
 
     def on_the_wire(self, req: Request) -> bool:
         """Is req's prefix KV still being copied here, as this step sees it (the steps skip

@@ -134,7 +134,7 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
     # prefix before its first chunk; a request without calls takes nothing and
     # registers nothing (it may stay in a batch).
     landing = np.zeros(len(run.pairs), dtype=np.bool_)
-    if start == 0:
+    if start <= run.land_step < alloc_stop:
         landing[list(run.lands)] = True
     prefill = run.prefill if run.prefill is not None else run.kv_calls[:, :0]
     calls, chunky, la, lf, tokens = _kv_events(
