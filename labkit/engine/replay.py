@@ -281,6 +281,9 @@ class ReplayRun:
         return engine.now
 
     def finish(self, progress: bool = False) -> ReplayResult:
+        """Run the replay to its end (`duration_s`; also after `engine.run_until` has
+        stopped it earlier) and collect its tables."""
+        self.engine.stop_s = math.inf if self.duration_s is None else self.duration_s
         with old_objects_frozen():  # (full collections skip them: `gc_pause.py`)
             if not progress:
                 while self.engine.step():

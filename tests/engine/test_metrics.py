@@ -1,6 +1,7 @@
 """Metrics: the tables agree with the engine's events, the summary with its formulas."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from support import small_agentx
@@ -79,8 +80,6 @@ def test_result_saves_parquet_and_json(run, tmp_path):
     result.save(tmp_path / "out")
     import json
 
-    import pandas as pd
-
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == \
         ["requests.parquet", "steps.parquet", "summary.json"]
     back = pd.read_parquet(tmp_path / "out" / "requests.parquet")
@@ -135,6 +134,24 @@ def test_result_of_a_hand_driven_run_and_local_hit_rate():
         local / admitted["input_tokens"].sum())
     assert result.summary["prefix_cache_local_hit_rate"] < \
         result.summary["prefix_cache_hit_rate"]  # round robin moves sessions: fetches
+
+
+def test_finish_after_run_until_runs_the_replay_to_its_end():
+    """Watching a replay part-way (`engine.run_until`) then finishing it gives the
+    replay run in one go (run_until's stop must not stay the replay's end)."""
+    results = []
+    for looks in ((), (11.0, 23.5)):
+        engine = Engine("llama-3.1-8b", "dp2", "h200", router="round_robin")
+        run = engine.start_replay(small_agentx(4, seed=6), concurrency=3, duration_s=60,
+                                  start_part_way=False)
+        for t in looks:
+            engine.run_until(t)
+            assert engine.now < t
+        results.append(run.finish())
+    whole, watched = results
+    assert whole.summary["sim_duration_s"] == watched.summary["sim_duration_s"] == 60
+    pd.testing.assert_frame_equal(whole.requests, watched.requests, check_exact=True)
+    pd.testing.assert_frame_equal(whole.steps, watched.steps, check_exact=True)
 
 
 def test_stall_share_is_the_mean_waiting_fraction(run):
