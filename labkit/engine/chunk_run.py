@@ -16,10 +16,12 @@ Only the common case is planned, where that is exactly what `Scheduler.schedule`
 would do (`Scheduler.is_steady` admits no other): per rank at most one request in
 prefill, the last in running order (so the decodes before it are never cut), its
 prefix KV not on the wire (landed is fine: the run's first step takes it in, as the
-scheduler does before its first chunk) and no other request's either (a deferred
-chunk would then be listed elsewhere among the step's requests), chunked prefill on, the rank not
-marked saturated (`prefill_capacity_bound`), and its prompt not ending in its last
-output (a request that finishes with its first token ends the run at once instead).
+scheduler does before its first chunk; so is landing at a later step, which then takes
+it in, the request sitting the steps before out: `join`) and no other request's
+either (a deferred chunk would then be listed elsewhere among the step's requests),
+chunked prefill on, the rank not marked saturated (`prefill_capacity_bound`), and its
+prompt not ending in its last output (a request that finishes with its first token
+ends the run at once instead).
 Sliding windows, state snapshots, offload write-through and P/D prefill ranks are
 left to single steps, and so is everything while someone listens to `StepStarted`
 (a run's event names its requests, not the steps that compute their chunks, which

@@ -28,11 +28,13 @@ checks exactly that.
 
 A run may also carry a long prompt's **prefill chunks** (`chunk_run.py`): per rank one
 request still computing its prompt, chunk by chunk, until the step that ends it emits
-its first token; then it decodes with the others. Its entries are held, like every
-request's, as (request, step) arrays of tokens — those with KV before each step and
-those computed in it — from which the allocations, the cost model's rows and the
-playback follow; its chunks' blocks are registered when their step starts, as
-`Scheduler.schedule` registers them, and its steps are played call by call.
+its first token; then it decodes with the others (one whose prefix KV lands in the
+middle of the run joins it there, `land_step`, sitting the steps before out). Its
+entries are held, like every request's, as (request, step) arrays of tokens — those
+with KV before each step and those computed in it — from which the allocations, the
+cost model's rows and the playback follow; its chunks' blocks are registered when
+their step starts, as `Scheduler.schedule` registers them, and its steps are played
+call by call.
 
 A run may also begin with a step the schedulers have just scheduled: one that admits
 a call (its prefix KV put on the wire, or its first prompt chunk) and leaves the ranks

@@ -14,7 +14,13 @@ plans up to `MAX_RUN_STEPS` steps at once, as (request, step) and (step, rank) a
 3. the costs — one vectorised call of the cost model on the steps' work
    (`decode_work` for decodes alone, whose rows share their counts), priced only as
    far as the horizon needs (`_step_timing`); the run ends before the horizon, and
-   before the first step that starts once a prefix on the wire has landed.
+   before the first step that starts once a prefix on the wire has landed —
+
+unless the call whose prefix lands may join the run there: the step that takes its
+KV in would find the ranks steady, the call's prompt chunks to run (a call moved to
+another rank, its prefix fetched while the rank's other calls decode). Then the run
+is planned again with it joining at that step (`_join_landing`), the steps before it
+costing what they cost in the run cut there: one run where there were two.
 
 What it returns is a `DecodeRun` (`decode_run.py`), which plays the plan back. A run
 an arrival cut leaves what it had planned past the cut (`RunRest`); the next run

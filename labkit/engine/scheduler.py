@@ -186,12 +186,12 @@ class Scheduler:
 
     def _runs_chunks(self, joining: Request | None = None) -> bool:
         """May a run carry the last running request's prefill chunks (`chunk_run.py`)?
-        Not with KV on the wire, nor where the chunks' KV work is more than blocks
-        (sliding-window pages, state snapshots, offload write-through), nor on a P/D
-        prefill rank, nor while the rank counts as saturated, nor while someone listens
-        to StepStarted (it tells a run's requests, not which steps compute their chunks:
-        the request phases of `exporters/request_phases.py` read chunks off single
-        steps)."""
+        Not with KV on the wire (but `joining`'s, which joins the run as it lands),
+        nor where the chunks' KV work is more than blocks (sliding-window pages, state
+        snapshots, offload write-through), nor on a P/D prefill rank, nor while the
+        rank counts as saturated, nor while someone listens to StepStarted (it tells a
+        run's requests, not which steps compute their chunks: the request phases of
+        `exporters/request_phases.py` read chunks off single steps)."""
         kv = self.kv
         return (self.config.enable_chunked_prefill and not self.prefill_capacity_bound
                 and not self.events.wants(StepStarted)
