@@ -259,7 +259,7 @@ def _running_sum(now: float, durations: np.ndarray) -> np.ndarray:
     return times.cumsum(out=times)
 
 
-@njit(cache=True)
+@njit("(int64[:, :], int64[:, :], int64[:], int64)", cache=True)  # (any layout: one copy)
 def _blocks_taken(held, new, have, block_size: int):
     """(n, k) blocks request i takes when step j starts: what its slots then (held +
     new tokens, if it is in the step) need beyond the blocks it holds (`have` before

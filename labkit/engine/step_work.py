@@ -115,7 +115,8 @@ class StepWork:
         return self.rows(0, k)
 
 
-@njit(cache=True)
+# (one signature: any layout of the arrays is one compiled copy, loaded once a process)
+@njit("(int64[:], int64, int64[:, :], int64[:, :], boolean[:, :])", cache=True)
 def _entry_sums(rank_of, ranks: int, context, new, prefill):
     """`from_entries` in one pass: the eight (k, ranks) sums — prefill and decode tokens,
     prefill and decode requests, KV read, prefill and decode query-key pairs, decoding

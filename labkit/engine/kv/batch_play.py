@@ -164,7 +164,10 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
     return sorted(left)
 
 
-@njit(cache=True)
+# (one signature, any layout: contiguous or sliced arrays would each load a compiled
+# copy of their own in every process)
+@njit("(boolean[:, :], boolean[:, :], boolean[:, :], boolean[:], int64[:], int64[:], int64, "
+      "int64, int64)", cache=True)
 def _kv_events(kv_calls, prefill, fills, landing, last_after, rank_lo, start: int,
                first: int, alloc_stop: int):
     """What `play_run_in_batches` reads of a run's steps being played, in one pass:
@@ -222,7 +225,7 @@ def _joined(arrays: list) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
-@njit(cache=True)
+@njit("(int32[:], int64[:, :])", cache=True)  # (any layout, as `_kv_events`)
 def _by_table(blocks, counts):
     """`blocks`, taken step by step and request by request (counts[i, j] by request i
     in step j), regrouped request by request: request 0's in the order it took them,
