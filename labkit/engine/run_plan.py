@@ -133,9 +133,9 @@ class _Planner:
                  lockstep: bool, now: float, horizon: float, max_steps: int,
                  step_guess_s: float, scheduled: bool) -> None:
         self.schedulers, self.step_index, self.config = schedulers, step_index, config
-        self.cost_model, self.lockstep, self.now, self.horizon = cost_model, lockstep, now, \
-            horizon
-        self.max_steps, self.step_guess_s, self.scheduled = max_steps, step_guess_s, scheduled
+        self.cost_model, self.lockstep = cost_model, lockstep
+        self.now, self.horizon, self.max_steps = now, horizon, max_steps
+        self.step_guess_s, self.scheduled = step_guess_s, scheduled
         self.cum = accepted_before(step_index, max_steps, acceptance)
         self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
 
