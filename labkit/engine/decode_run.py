@@ -181,11 +181,7 @@ class DecodeRun:
             if len(chunked) and chunked[i]:
                 self._emit_chunked(i, first, stop, ends, gaps)
             else:
-                req.itl.append(first_end - req.last_token_s)
-                req.itl.extend(gaps)
-                req.num_output_tokens += n
-                req.num_computed_tokens += n
-                req.last_token_s = last_end
+                _emit_decodes(req, first_end, gaps, n, last_end)
             if req.remaining_output_tokens <= 0:
                 finished.append((scheduler, req))
         self.committed = stop
@@ -214,12 +210,8 @@ class DecodeRun:
                 if req.emit(1, t) and scheduler.events.wants(FirstToken):
                     scheduler.events.emit(FirstToken(t, req.request_id, scheduler.rank))
         if tail < stop:  # (its first token came with its prompt's last chunk)
-            gained = int(self.held[i, stop] - self.held[i, tail])
-            req.itl.append(float(ends[tail]) - req.last_token_s)
-            req.itl.extend(gaps[tail - first:])
-            req.num_output_tokens += gained
-            req.num_computed_tokens += gained
-            req.last_token_s = float(ends[stop - 1])
+            _emit_decodes(req, float(ends[tail]), gaps[tail - first:],
+                          int(self.held[i, stop] - self.held[i, tail]), float(ends[stop - 1]))
 
     def could_change_lookup(self, scheduler, req, match, now: float) -> bool:
         """Could playing the run up to `now` (`Instance.sync`) change `match`, req's
@@ -283,6 +275,16 @@ class DecodeRun:
         if steps <= self.land_step:
             self.lands = ()  # its KV lands after the steps kept
         self.finishes = False
+
+
+def _emit_decodes(req, first_end: float, gaps, gained: int, last_end: float) -> None:
+    """req decoded in consecutive steps, the first ending at first_end, then `gaps`
+    apart, the last at last_end: `gained` tokens, one ITL per step."""
+    req.itl.append(first_end - req.last_token_s)
+    req.itl.extend(gaps)
+    req.num_output_tokens += gained
+    req.num_computed_tokens += gained
+    req.last_token_s = last_end
 
 
 @dataclass(slots=True)
