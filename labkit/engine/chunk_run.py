@@ -5,12 +5,14 @@ decodes) is computed over several steps, a chunk per step. While nobody waits, t
 steps are as predictable as decode steps: the scheduler walks the running requests in
 order, the decodes take `tokens_per_decode_step` each, and the prefill takes what is
 left — min(pending, long_prefill_token_threshold, budget left) — except on a step off
-the `prefill_schedule_interval` beat, which defers it. The step that computes the
+the `prefill_schedule_interval` beat, which defers it (unless one token is left:
+the scheduler runs that as it runs a decode). The step that computes the
 prompt's last token emits its first token; from the next step on the request decodes
 like the others. So a fast-forwarded run (`decode_run.py`) may carry such a request:
 `plan_tokens` says, for every request of the run and every step, the tokens it holds
-before the step and the tokens it computes in it, the run ending at the first step
-that finishes a request, as a decode run does.
+before the step and the tokens it computes in it; a request that finishes after the
+prompt's last chunk may leave the run, as in a decode run (`decode_run.py`), one
+that finishes before it ends the run (the chunks' sizes count the decodes beside them).
 
 Only the common case is planned, where that is exactly what `Scheduler.schedule`
 would do (`Scheduler.is_steady` admits no other): per rank at most one request in
@@ -47,30 +49,35 @@ class RunTokens:
     finishes: bool  # step k - 1 finishes one
     lands: tuple = ()  # rows whose fetched prefix KV has landed: step land_step takes it in
     land_step: int = 0  # (0: it landed before the run; later: a row that joins the run)
+    done: np.ndarray | None = None  # the steps each request is in before it leaves the
+    # run, finished (None: none leaves before the end)
 
 
 def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
-                max_steps: int, join: tuple[int, int] | None = None) -> RunTokens | None:
+                max_steps: int, join: tuple[int, int] | None = None,
+                leave: bool = False) -> RunTokens | None:
     """The tokens of up to max_steps steps (`cum`: tokens each decode accepts before
     step j); None if a rank's steps are not exactly this plan (see the docstring).
     `join`: (row, step) — that row's prefix KV is on the wire until the step, which
-    takes it in and starts its chunks (it sits the steps before out)."""
+    takes it in and starts its chunks (it sits the steps before out). `leave`: in a
+    run of decodes alone, a request that finishes leaves it, the others decode on
+    (`decode_run.py`); else the first to finish ends the run."""
     width = config.tokens_per_decode_step
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)
     if join is None and all(r.is_decoding for _, r in pairs):
-        # every request gains cum[j] by step j; the first to finish ends the run
-        first_done = int(cum.searchsorted(remaining.min(), side="left"))
-        k, finishes = (first_done, True) if first_done <= max_steps else (max_steps, False)
+        # every request gains cum[j] by step j, up to its last token
+        done = cum.searchsorted(remaining, side="left")  # steps to finish
+        k, finishes, leaving = _run_end(done, max_steps, leave)
         held = computed[:, None] + np.minimum(cum[None, : k + 1], remaining[:, None])
-        return RunTokens(held, np.full((len(pairs), k), width, dtype=np.int64), None, k,
-                         finishes)
+        new = np.full((len(pairs), k), width, dtype=np.int64)
+        return RunTokens(held, _sit_out(new, leaving), None, k, finishes, done=leaving)
     decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
     held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
     new = np.full((len(pairs), max_steps), width, dtype=np.int64)
     prefill = np.zeros((len(pairs), max_steps), dtype=bool)
     done = cum.searchsorted(remaining, side="left")  # steps to finish, decoding
-    steps, lands = max_steps, []
+    steps, lands, busy = max_steps, [], 0  # busy: the steps up to the last prompt chunk
     joining, land_step = join if join is not None else (-1, 0)
     for i in (~decoding).nonzero()[0].tolist():
         scheduler, req = pairs[i]
@@ -85,6 +92,7 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
             lands.append(i)
         steps = min(steps, at + after)
         pending, end = req.num_pending_tokens, at + last  # end: the step ending its prompt
+        busy = max(busy, end + 1)
         new[i, :at] = 0
         held[i, at : end + 1] = req.num_computed_tokens + before[: last + 1]
         new[i, at : end + 1] = sizes[: last + 1]
@@ -100,10 +108,28 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
         held[joining, :land_step] = computed[joining]  # sitting out, its prefix held
         if land_step >= min(steps, int(done.min())) or lands != [joining]:
             return None  # the run would end before it joins (or another row lands)
-    first_done = int(done.min())
-    k, finishes = (first_done, True) if first_done <= steps else (steps, False)
-    return RunTokens(held[:, : k + 1], new[:, :k], prefill[:, :k], k, finishes, tuple(lands),
-                     land_step if lands else 0)
+    k, finishes, leaving = _run_end(done, steps, leave, busy)
+    return RunTokens(held[:, : k + 1], _sit_out(new[:, :k], leaving), prefill[:, :k], k,
+                     finishes, tuple(lands), land_step if lands else 0, leaving)
+
+
+def _run_end(done: np.ndarray, steps: int, leave: bool, busy: int = 0):
+    """(k, finishes, leaving) of a run whose request i finishes in its first done[i]
+    steps: it ends at the first to finish — with `leave`, at the last, but for one
+    finishing before step `busy` (its leaving would change the chunks of a prompt
+    beside it) — or at `steps`; whether its last step finishes a request; `done` if
+    one leaves before the end (None if not)."""
+    early = done[done < busy] if leave else done
+    last = int(early.min()) if len(early) else int(done.max())
+    k, finishes = (last, True) if last <= steps else (steps, False)
+    return k, finishes, (done if leave and int(done.min()) < k else None)
+
+
+def _sit_out(new: np.ndarray, done: np.ndarray | None) -> np.ndarray:
+    """`new` with nothing computed by request i from step done[i] on (it has left)."""
+    if done is not None:
+        new[np.arange(new.shape[1])[None, :] >= done[:, None]] = 0
+    return new
 
 
 def _chunks(scheduler, req, rank_decodes: int, step_index: int, config, max_steps: int):
@@ -132,12 +158,13 @@ def _chunk_sizes(step_index: int, max_steps: int, interval: int, others: bool, s
                  pending: int):
     """(the chunk of each step, the tokens computed before each step, the step that
     computes the last pending token (max_steps if none)): `share` a step, except on the
-    steps off the prefill_schedule_interval beat, which defer it when `others` decode."""
+    steps off the prefill_schedule_interval beat, which defer it when `others` decode —
+    unless one token is left, which the scheduler runs as it runs a decode."""
     sizes = np.zeros(max_steps, dtype=np.int64)
     before = np.zeros(max_steps + 1, dtype=np.int64)
     last = max_steps
     for j in range(max_steps):
-        if (step_index + j) % interval == 0 or not others:
+        if (step_index + j) % interval == 0 or not others or pending - before[j] <= 1:
             sizes[j] = min(share, pending - before[j])
         before[j + 1] = before[j] + sizes[j]
         if last == max_steps and before[j + 1] >= pending:

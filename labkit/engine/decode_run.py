@@ -20,9 +20,18 @@ done it: the allocations of step j happen when step j starts, its tokens are emi
 run after the step in progress (`Instance.sync`), so the newcomer is scheduled in
 the next step just as it would have been; whatever reads the engine's KV in the
 middle of a run (another rank fetching from it, a router reading progress) first
-plays it up to then. The run also stops at the first step that finishes a request
-and where the pool would run out of blocks. A rank's KV work in a playback is done
-in one batch where that is exact (`kv/batch_play.py`). A fast-forwarded replay is
+plays it up to then. The run stops where the pool would run out of blocks.
+
+A request that finishes **leaves** the run (`stops`): the instance commits the run up
+to that step, frees the request's KV and reports it finished, and the others decode
+on — the steps a run planned after the finish would have planned (decodes alone, or
+decodes after the last prompt chunk: the chunks' sizes depend on the decodes beside
+them; the ranks' counts change, and are priced so). The blocks the finished request
+freed come off the later steps' KV use as the commit finds them. Lockstep ranks do
+not leave (each leaving a new shape of step to price, mostly for nothing: an arrival
+cuts most runs first), nor does anyone while events name a run's requests
+(`Instance._may_leave`). A rank's KV work in a playback is done in one batch where
+that is exact (`kv/batch_play.py`). A fast-forwarded replay is
 identical to a step-by-step one, bit for bit; `tests/engine/test_fast_forward.py`
 checks exactly that.
 
@@ -74,10 +83,23 @@ class DecodeRun:
     allocated: int = 0  # steps whose allocations are done
     committed: int = 0  # steps whose outputs are applied
     land_step: int = 0  # (a row that joins the run when its prefix KV lands: then)
+    stops: tuple = ()  # a run of decodes: after these many steps some requests leave it
 
     @property
     def steps(self) -> int:
         return len(self.start)
+
+    @property
+    def next_stop(self) -> int:
+        """The steps up to the next that finishes a request (all of them if none does)."""
+        return next((s for s in self.stops if s > self.committed), self.steps)
+
+    @property
+    def commit_end(self) -> float:
+        """When the next step that finishes a request (or the last step) ends: the
+        instance commits the run up to there, and goes on with the others."""
+        last = self.next_stop - 1
+        return float(self.start[last] + self.timing.duration[last])
 
     @property
     def ends(self) -> np.ndarray:
@@ -251,11 +273,13 @@ class DecodeRun:
         """What the run planned after its first `steps` steps (before they are cut off,
         `truncate`), for the run that may take over there (`RunRest`); None where that
         part was not planned as decodes alone. `step_index`: the index of step `steps`."""
-        if self.prefill is not None or steps >= self.steps:
-            return None
+        if steps >= self.steps or (self.prefill is not None and steps < self.chunk_end):
+            return None  # (a prompt's chunks are planned in it)
+        rows = (self.new[:, steps] > 0).nonzero()[0]  # those that have not left by then
         return RunRest(step_index, self.start[steps:], self.timing.rows(steps),
-                       self.work.rows(steps, self.steps), self.held[:, steps:],
-                       self.new[:, steps:], [r for _, r in self.pairs], self.finishes)
+                       self.work.rows(steps, self.steps), self.held[rows, steps:],
+                       self.new[rows, steps:], [self.pairs[i][1] for i in rows.tolist()],
+                       self.finishes)
 
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
@@ -274,7 +298,18 @@ class DecodeRun:
         self.chunk_end = min(self.chunk_end, steps)
         if steps <= self.land_step:
             self.lands = ()  # its KV lands after the steps kept
-        self.finishes = False
+        self.finishes = steps in self.stops
+        self.stops = tuple(s for s in self.stops if s < steps)
+
+    def drop_finished(self) -> None:
+        """Forget the requests that finished (committed): the run goes on without them."""
+        keep = [i for i, (_, r) in enumerate(self.pairs) if r.remaining_output_tokens > 0]
+        self.pairs = [self.pairs[i] for i in keep]
+        self.held, self.new = self.held[keep], self.new[keep]
+        self.new_blocks, self.kv_calls = self.new_blocks[keep], self.kv_calls[keep]
+        if self.prefill is not None:
+            self.prefill = self.prefill[keep]
+        self.lands = tuple(keep.index(i) for i in self.lands if i in keep)
 
 
 def _emit_decodes(req, first_end: float, gaps, gained: int, last_end: float) -> None:

@@ -395,7 +395,10 @@ class Engine(Arrivals):
                 self.events.emit(RequestFinished(self.now, req))
             for callback in self.finish_callbacks:
                 callback(req, self.now)
-        self._wake(instance)
+        if instance.plan is not None:  # a run the finished requests left goes on
+            self._push_timer(instance.plan.end, _COMMIT, instance)
+        else:
+            self._wake(instance)
 
     # ------------------------------------------------------------ replay
     def replay(self, trace, concurrency: int | None = None, duration_s: float | None = None,

@@ -149,10 +149,22 @@ class Instance:
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
                               MAX_RUN_STEPS, self.last_step_s, scheduled, self.rest,
-                              min_run_steps=MIN_RUN_STEPS)
+                              min_run_steps=MIN_RUN_STEPS, leave=self._may_leave())
         if run is None or (scheduled and not run.starts_as(batches)):
             return None
-        return Plan(now, run.end, run.finishes, run.timing, run.work, run.kv_used, run=run)
+        return Plan(now, run.commit_end, run.finishes, run.timing, run.work, run.kv_used,
+                    run=run)
+
+    def _may_leave(self) -> bool:
+        """May a request that finishes leave a run, the others decoding on? On one rank
+        (ranks in lockstep, each with its own count of requests leaving, would price a
+        new shape of step at each leaving: most of them priced for nothing, the run
+        cut by an arrival before), and not while someone reads StepStarted (it names a
+        run's requests: a step-by-step replay announces the steps after the finish
+        apart) or RequestTokens (which lists the finished one's KV freed in the step
+        it finished)."""
+        return not (self.lockstep or self.events.wants(StepStarted)
+                    or self.events.wants(RequestTokens))
 
     def _run_from_step(self, batches, now: float, horizon: float) -> Plan | None:
         """The step just scheduled as the first of a fast-forwarded run, or None.
@@ -202,9 +214,14 @@ class Instance:
 
     # ---------------------------------------------------------------- commit
     def commit(self, plan: Plan) -> list:
-        """Apply a plan at its end time; returns the requests it finished."""
-        last_start = plan.run.start[-1] if plan.run is not None else plan.start
+        """Apply a plan at its end time; returns the requests it finished. A run whose
+        requests leave it as they finish is committed up to each finish, then goes on
+        (`plan.end` moves to its next commit)."""
+        run = plan.run
+        last_start = run.start[run.next_stop - 1] if run is not None else plan.start
         self.last_step = (float(last_start), plan.end)
+        if run is not None and run.next_stop < run.steps:
+            return self._commit_to_finish(plan)
         if plan.run is not None:
             first, steps = plan.run.committed, plan.run.steps
             pairs = plan.run.play(steps, steps)
@@ -228,6 +245,20 @@ class Instance:
         self.plan = None
         return finished
 
+    def _commit_to_finish(self, plan: Plan) -> list:
+        """Commit a run up to its next finish; the others go on. The blocks the finished
+        requests free come off the run's later steps' KV use."""
+        run, first = plan.run, plan.run.committed
+        stop = run.next_stop
+        pairs = run.play(stop, stop)
+        used = [s.kv.pool.num_used for s in self.schedulers]
+        finished = self._finish(pairs, plan.end)
+        self._emit_steps(plan, first, stop)
+        run.kv_used[stop:] -= np.array(used) - [s.kv.pool.num_used for s in self.schedulers]
+        run.drop_finished()
+        plan.end = run.commit_end
+        return finished
+
     @staticmethod
     def _finish(pairs, t: float) -> list:
         """The (scheduler, request) pairs a run finished, finished at t."""
@@ -248,7 +279,7 @@ class Instance:
         is scheduled after it; the commit then plays the run in one go, the same work
         in the same order as playing up to t now and the rest later."""
         plan = self.plan
-        if plan is None or plan.run is None or t >= plan.end:
+        if plan is None or plan.run is None or t >= (plan.run.end if cut else plan.end):
             return False
         run = plan.run
         started = max(1, int(run.start.searchsorted(t, side="left")))
@@ -259,8 +290,8 @@ class Instance:
             self.rest = run.rest(keep, self.step_index + keep - run.committed)
             run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
-            plan.end, plan.finishes = run.end, run.finishes
-            return True
+            end, plan.end, plan.finishes = plan.end, run.commit_end, run.finishes
+            return plan.end != end
         ended = int(run.ends.searchsorted(t, side="left"))
         first = run.committed
         if run.play(started, ended):

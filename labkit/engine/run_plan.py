@@ -6,8 +6,8 @@ plans up to `MAX_RUN_STEPS` steps at once, as (request, step) and (step, rank) a
 
 1. the tokens — each request holds ``cum[j]`` more after j steps (the deterministic
    acceptance counter, `accepted_before`), a prompt continued chunk by chunk takes
-   what the budget leaves (`chunk_run.plan_tokens`); the run ends at the first step
-   that finishes a request;
+   what the budget leaves (`chunk_run.plan_tokens`); a request that finishes leaves
+   the run (`decode_run.py`), or ends it where it may not;
 2. the blocks — where each request's slots cross a block boundary, and, for
    sliding-window layers, the pages freed as the window passes one; the run ends
    before the pool would run out;
@@ -60,7 +60,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
                     lockstep: bool, now: float, horizon: float,
                     max_steps: int, step_guess_s: float = 0.0,
                     scheduled: bool = False, rest: RunRest | None = None,
-                    min_run_steps: int | None = None) -> DecodeRun | None:
+                    min_run_steps: int | None = None, leave: bool = False) -> DecodeRun | None:
     """Plan up to max_steps steady steps starting at `now` (decodes, and per rank at most
     one prompt continued chunk by chunk: `chunk_run.py`), or None. Requests
     whose prefix KV is still on the wire sit the run out; it ends before the first
@@ -71,7 +71,8 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     steps past the horizon is not computed. `scheduled`: the schedulers have just
     scheduled step 0 (`Instance._plan_step`): its blocks are allocated and its chunks
     registered, so the run starts with them done (None if step 0 would need more).
-    `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit."""
+    `rest`: the steps a cut run had planned from here (`RunRest`), taken if they fit.
+    `leave`: a request that finishes may leave the run (`decode_run.py`)."""
     pairs, rank_of, wire = [], [], []
     for rank, s in enumerate(schedulers):
         for r in s.running:
@@ -86,9 +87,11 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None  # a copy-on-write is due: let a normal step do it
     landing = min((r.kv_ready_s for _, r in wire), default=np.inf)
     plan = _Planner(schedulers, step_index, acceptance, config, cost_model, lockstep, now,
-                    horizon, max_steps, step_guess_s, scheduled)
+                    horizon, max_steps, step_guess_s, scheduled, leave,
+                    {rank for rank, _ in wire})
     if rest is not None and rest.continues(pairs, step_index, now):
-        tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes)
+        tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes,
+                           done=_leaving(rest.new))
         run = plan.run(pairs, rank_of, tokens, landing, priced=(rest.timing, rest.work))
     else:
         run = plan.run(pairs, rank_of, plan.tokens(pairs, rank_of), landing)
@@ -131,17 +134,30 @@ class _Planner:
 
     def __init__(self, schedulers, step_index: int, acceptance, config, cost_model,
                  lockstep: bool, now: float, horizon: float, max_steps: int,
-                 step_guess_s: float, scheduled: bool) -> None:
+                 step_guess_s: float, scheduled: bool, leave: bool = False,
+                 wire_ranks=()) -> None:
         self.schedulers, self.step_index, self.config = schedulers, step_index, config
         self.cost_model, self.lockstep = cost_model, lockstep
         self.now, self.horizon, self.max_steps = now, horizon, max_steps
         self.step_guess_s, self.scheduled = step_guess_s, scheduled
+        self.leave, self.wire_ranks = leave, wire_ranks
         self.cum = accepted_before(step_index, max_steps, acceptance)
         self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
 
     def tokens(self, pairs, rank_of, join=None) -> RunTokens | None:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
-                           self.max_steps, join)
+                           self.max_steps, join, self.leave)
+
+    def _last_leaving(self, done: np.ndarray, rank_of, k: int, finishes: bool):
+        """(steps, finishes) of a run whose request i leaves after done[i] steps: it
+        ends at the first to leave where none may (`leave`), else where the last of a
+        rank with KV on the wire leaves (the rank then waits for that KV: no run)."""
+        stop = k if self.leave else int(done.min())
+        for rank in self.wire_ranks:
+            mine = done[np.asarray(rank_of) == rank]
+            if len(mine):
+                stop = min(stop, int(mine.max()))
+        return (stop, True) if stop < k else (k, finishes)
 
     def run(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
             priced=None, known=None) -> DecodeRun | None:
@@ -164,6 +180,8 @@ class _Planner:
             slid = _window_slides(pairs, held[:, :k])
             if slid is None:
                 return None  # a window page is shared: its release is not ours to plan
+            if tokens.done is not None:  # one that has left frees its pages as it finishes
+                slid[np.arange(k)[None, :] >= tokens.done[:, None]] = 0
             pages = schedulers[0].kv.window.pages_per_block
             net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
         if self.scheduled and calls[:, 0].any():
@@ -172,13 +190,19 @@ class _Planner:
         taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
         if fit < k:
             k, finishes = fit, False
+        done = tokens.done
+        if done is not None:  # some leave the run before its end (`decode_run.py`)
+            k, finishes = self._last_leaving(done, rank_of, k, finishes)
         if k < 1 or (known is not None and k <= len(known.duration)):
             return None
+        stops = () if done is None else tuple(sorted(set(done[done < k].tolist())))
 
         prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
         if tokens.prefill is not None:
-            prefill = tokens.prefill[:, :k]
-            busy = (prefill | (new[:, :k] == 0)).any(axis=0).nonzero()[0]
+            prefill, out = tokens.prefill[:, :k], new[:, :k] == 0
+            if done is not None:  # (not those that have left)
+                out &= np.arange(k)[None, :] < done[:, None]
+            busy = (prefill | out).any(axis=0).nonzero()[0]
             chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0,
                             tokens.land_step + 1 if tokens.lands else 0)
 
@@ -187,21 +211,17 @@ class _Planner:
         if priced is not None:
             timing, work = priced[0].head(k), priced[1].head(k)
         else:
+            splits = (chunk_end, *stops)  # where the steps' counts change
             if tokens.prefill is None:
-                counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
-                base = rank_sums(held[:, 0], rank_of, ranks)
-                cum = self.cum
-
-                def rows(a: int, b: int) -> StepWork:
-                    return decode_work(counts, base, cum[a:b], width)
+                rows, splits = decode_rows(rank_of, ranks, held[:, 0], done, self.cum, width)
             else:
                 whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
                 rows = whole.rows
             prices_whole = getattr(cost_model, "prices_runs_whole", None)
-            head = 0 if prices_whole is not None and prices_whole(self.lockstep, ranks) \
-                else chunk_end
+            if prices_whole is not None and prices_whole(self.lockstep, ranks):
+                splits = ()
             timing, work = _step_timing(cost_model, self.lockstep, rows, k, self.now,
-                                        self.horizon, self.step_guess_s, head, known)
+                                        self.horizon, self.step_guess_s, splits, known)
         times = _running_sum(self.now, timing.duration)  # each step starts where the last ended
         start, ends = times[:-1], times[1:]
         within = int(ends.searchsorted(self.horizon, side="left"))  # steps ending < horizon
@@ -214,27 +234,29 @@ class _Planner:
         kv_used = used0[None, :] + taken[:k]
         run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                         net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                        chunk_end, allocated=int(self.scheduled), land_step=tokens.land_step)
+                        chunk_end, allocated=int(self.scheduled), land_step=tokens.land_step,
+                        stops=stops)
         run.truncate(within)
         return run
 
 
 def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
-                 step_guess_s: float, head: int = 0, known=None):
+                 step_guess_s: float, splits=(), known=None):
     """The cost of the k steps whose StepWork `rows(a, b)` gives (steps [a, b)), or of
     a first part of them that ends at or after the horizon (what lies beyond is cut
     from the run anyway), and the StepWork of the steps costed. The part is sized from
     a recent step's duration; if it falls short of the horizon, the rest is costed too.
-    The first `head` steps (those with prefill chunks) are costed on their own: the
-    decode steps after them, alike, are then costed as one row (`LayerStepModel`'s
-    memo; a model that prices such a run as cheaply whole, `prices_runs_whole`, gets
-    head 0). A step's cost depends on its own row of the work alone, so the parts are
-    the rows of the whole. `known`: the timing of the first steps, costed already."""
+    The steps between `splits` (the end of the prefill chunks, requests leaving) are
+    costed apart: steps alike are then costed as one row (`LayerStepModel`'s memo; a
+    model that prices such a run as cheaply whole, `prices_runs_whole`, gets none). A
+    step's cost depends on its own row of the work alone, so the parts are the rows of
+    the whole. `known`: the timing of the first steps, costed already."""
     done = 0 if known is None else len(known.duration)
     first = k
     if step_guess_s > 0 and np.isfinite(horizon):
         first = max(1, min(k, int((horizon - now) / step_guess_s * 1.25) + 8))
-    bounds = sorted({b for b in (0, min(head, k), first, k) if b > done} | {done})
+    bounds = sorted({b for b in (0, *(min(s, k) for s in splits), first, k) if b > done}
+                    | {done})
     parts = [] if known is None else [known]
     for a, b in zip(bounds, bounds[1:]):
         work = rows(a, b)
@@ -307,6 +329,40 @@ def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
     live = np.array([t.first_live for t in tables], dtype=np.int64)[:, None]
     first = np.maximum(np.maximum(0, computed - window.window + 1) // window.block_size, live)
     return np.diff(np.concatenate([live, first], axis=1), axis=1)
+
+
+def _leaving(new: np.ndarray) -> np.ndarray | None:
+    """For steps of decodes alone: the steps each request decodes in (it has left the
+    run after them), or None where every request decodes in all of them."""
+    if new[:, -1].all():
+        return None
+    return (new > 0).sum(axis=1)
+
+
+def decode_rows(rank_of, ranks: int, held0: np.ndarray, done: np.ndarray | None,
+                cum: np.ndarray, width: int):
+    """(rows(a, b): the StepWork of steps [a, b) of a run of decodes, the steps where
+    its counts change). Request i holds held0[i] tokens before step 0, gains cum[j]
+    by step j and decodes in its first done[i] steps (None: in all of them): between
+    two leavings the ranks' counts stay, and `decode_work` makes the rows."""
+    if done is None:
+        counts = np.bincount(rank_of, minlength=ranks).astype(np.int64)
+        base = rank_sums(held0, rank_of, ranks)
+        return (lambda a, b: decode_work(counts, base, cum[a:b], width)), ()
+    rank_of = np.asarray(rank_of, dtype=np.int64)
+    bounds = [0, *sorted(set(done.tolist()))]
+    parts = []  # (first step, stop, counts, summed contexts before step 0)
+    for lo, hi in zip(bounds, bounds[1:]):
+        alive = done > lo
+        parts.append((lo, hi, np.bincount(rank_of[alive], minlength=ranks).astype(np.int64),
+                      rank_sums(held0[alive], rank_of[alive], ranks)))
+
+    def rows(a: int, b: int) -> StepWork:
+        works = [decode_work(counts, base, cum[max(a, lo) : min(b, hi)], width)
+                 for lo, hi, counts, base in parts if lo < b and hi > a]
+        return works[0] if len(works) == 1 else StepWork.joined(works)
+
+    return rows, tuple(bounds[1:-1])
 
 
 def decode_work(counts: np.ndarray, base: np.ndarray, cum: np.ndarray, width: int) -> StepWork:

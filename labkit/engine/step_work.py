@@ -114,6 +114,16 @@ class StepWork:
         """The first k steps."""
         return self.rows(0, k)
 
+    @staticmethod
+    def joined(parts: list) -> StepWork:
+        """Consecutive steps of decodes alone (no chunks listed), one after another."""
+        if any(p.prefill_chunks is not None and len(p.prefill_chunks[0]) for p in parts):
+            raise ValueError("StepWork.joined takes steps without prefill chunks")
+        names = ("prefill_tokens", "decode_tokens", "num_prefill_reqs", "num_decode_reqs",
+                 "kv_read_tokens", "prefill_pairs", "decode_pairs", "idle", "decode_context")
+        return StepWork(*(np.concatenate([getattr(p, n) for p in parts]) for n in names),
+                        chunk_share=parts[0].chunk_share)
+
 
 # (one signature: any layout of the arrays is one compiled copy, loaded once a process)
 @njit("(int64[:], int64, int64[:, :], int64[:, :], boolean[:, :])", cache=True)

@@ -81,3 +81,19 @@ def test_prefill_continuations_are_run_steps(monkeypatch):
         replay(ff, CONFIGS["small budget"])
     assert counts[False] > 50
     assert counts[True] < counts[False] / 5
+
+
+def test_a_last_one_token_chunk_is_not_deferred_off_the_beat():
+    """`Scheduler.schedule` defers, off the prefill_schedule_interval beat, only a
+    request with more than one token to compute: a prompt's last single token runs
+    in the next step, as a decode would (a run planned it deferred to the beat)."""
+    from labkit.engine.chunk_run import _chunk_sizes
+
+    # steps 1..5 with interval 3: 1 and 2 off the beat, 3 on it, 4 and 5 off
+    sizes, before, last = _chunk_sizes(1, 5, 3, True, 382, 383)
+    assert sizes.tolist() == [0, 0, 382, 1, 0] and last == 3
+    assert before.tolist() == [0, 0, 0, 382, 383, 383]
+    sizes, _, last = _chunk_sizes(1, 5, 3, True, 382, 766)  # two left: deferred
+    assert sizes.tolist() == [0, 0, 382, 0, 0] and last == 5
+    sizes, _, last = _chunk_sizes(1, 5, 3, False, 382, 383)  # nobody decodes: no throttle
+    assert sizes.tolist() == [382, 1, 0, 0, 0] and last == 1

@@ -10,15 +10,13 @@ import heapq
 from collections import Counter
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from support import small_agentx
+from support import assert_kv_as_step_by_step, assert_same_replay, small_agentx
 from labkit import Engine, generate_agentx_trace
 from labkit.engine import run_plan
 from labkit.engine.decode_run import DecodeRun
 from labkit.engine.events import FirstToken
-from labkit.engine.kv.block_pool import NO_KEY
 
 # many calls moved between ranks, their prefixes fetched while the others decode
 MOVES = dict(model="qwen3-30b-a3b", layout="dp4", hardware="h200", max_model_len=262144)
@@ -69,45 +67,6 @@ def _replay(cfg: dict, trace, ff: bool = True, **options):
     return result, sorted(firsts), engine.step_recorder.num_events
 
 
-def _kv_state(engine, t: float) -> list:
-    """Every rank's blocks as step-by-step simulation has them at t (a run under way is
-    played up to t): the blocks in use or cached with their references, keys,
-    generations and pending marks, the next blocks to be evicted, the block tables."""
-    for instance in engine.instances:
-        instance.sync(t, cut=False)
-    state = []
-    for s in engine.schedulers:
-        pool = s.kv.pool
-        held = np.nonzero((pool.ref_count > 0) | (pool.block_key != NO_KEY))[0]
-        state.append([held, pool.ref_count[held], pool.block_key[held],
-                      pool.generation[held], pool.pending[held],
-                      pool.next_to_evict(min(pool.num_free, 5000))])
-        state[-1] += [(rid, table.view(), table.num_keyed, table.num_written)
-                      for rid, table in sorted(s.kv.tables.items())]
-    return state
-
-
-def _assert_same_kv(a: list, b: list, t: float) -> None:
-    assert len(a) == len(b)
-    for rank_a, rank_b in zip(a, b):
-        assert len(rank_a) == len(rank_b), t
-        for x, y in zip(rank_a, rank_b):
-            if isinstance(x, tuple):  # a block table
-                assert x[0] == y[0] and np.array_equal(x[1], y[1]) and x[2:] == y[2:], t
-            else:
-                assert np.array_equal(x, y), t
-
-
-def _assert_same(a, b) -> None:
-    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
-    drop = {"wall_s", "sim_speed"}
-    assert a.summary.keys() == b.summary.keys()
-    for key in a.summary.keys() - drop:  # (NaN: a figure with no samples, in both)
-        x, y = a.summary[key], b.summary[key]
-        assert x == y or (x != x and y != y), key
-
-
 TRACE = dict(num_sessions=200, seed=11, context_window_tokens=200_000,
              compact_threshold_tokens=166_000)
 OPTIONS = dict(concurrency=40, duration_s=200, start_part_way=False)
@@ -123,13 +82,13 @@ def test_runs_joined_at_a_landing_change_nothing(monkeypatch):
     assert joined.summary["kv_fetched_tokens"] > 0
 
     step_by_step, firsts, _ = _replay(MOVES, trace, ff=False, **OPTIONS)
-    _assert_same(joined, step_by_step)
+    assert_same_replay(joined, step_by_step)
     assert joined_firsts == firsts
 
     _watch(monkeypatch, apart, joins=False)
     unjoined, _, unjoined_rounds = _replay(MOVES, trace, **OPTIONS)
     assert apart["joined"] == 0
-    _assert_same(joined, unjoined)
+    assert_same_replay(joined, unjoined)
     # the point of it: a joined run is one round where there were two (fewer where an
     # arrival cuts it after the landing anyway)
     assert joined_rounds < unjoined_rounds
@@ -153,21 +112,8 @@ def test_joined_runs_leave_the_kv_as_single_steps_do(monkeypatch):
         return joined
 
     monkeypatch.setattr(run_plan, "_join_landing", joining)
-    engines = [Engine(sim_fast_forward=ff, **MOVES) for ff in (True, False)]
-    runs = [engine.start_replay(trace, **OPTIONS) for engine in engines]
-    heapq.heapify(looks)
-    seen = 0
-    while looks:
-        t = float(heapq.heappop(looks))
-        states = []
-        for engine in engines:
-            while engine.next_event_time() < t:  # (`run_until` would end runs at t)
-                engine.process_event()
-            states.append(_kv_state(engine, t))
-        _assert_same_kv(*states, t)
-        seen += 1
+    seen = assert_kv_as_step_by_step(MOVES, trace, looks, **OPTIONS)
     assert seen > 400
-    _assert_same(*(run.finish() for run in runs))
 
 
 @pytest.mark.parametrize("name", list(SMALL))
@@ -179,5 +125,5 @@ def test_joined_runs_under_chunking_knobs_are_exact(name, monkeypatch):
     fast, fast_firsts, _ = _replay(cfg, small_agentx(6, seed=3), **options)
     slow, slow_firsts, _ = _replay(cfg, small_agentx(6, seed=3), ff=False, **options)
     assert seen["joined"] > 0
-    _assert_same(fast, slow)
+    assert_same_replay(fast, slow)
     assert fast_firsts == slow_firsts
