@@ -92,7 +92,7 @@ class DecodeRun:
     @property
     def next_stop(self) -> int:
         """The steps up to the next that finishes a request (all of them if none does)."""
-        return next((s for s in self.stops if s > self.committed), self.steps)
+        return self.stops[0] if self.stops else self.steps  # (those passed are dropped)
 
     @property
     def commit_end(self) -> float:
@@ -275,15 +275,18 @@ class DecodeRun:
         part was not planned as decodes alone. `step_index`: the index of step `steps`."""
         if steps >= self.steps or (self.prefill is not None and steps < self.chunk_end):
             return None  # (a prompt's chunks are planned in it)
-        rows = (self.new[:, steps] > 0).nonzero()[0]  # those that have not left by then
+        held, new = self.held[:, steps:], self.new[:, steps:]
+        requests = [r for _, r in self.pairs]
+        if self.stops and self.stops[0] <= steps:  # keep those that have not left by then
+            rows = (new[:, 0] > 0).nonzero()[0]
+            held, new, requests = held[rows], new[rows], [requests[i] for i in rows.tolist()]
         return RunRest(step_index, self.start[steps:], self.timing.rows(steps),
-                       self.work.rows(steps, self.steps), self.held[rows, steps:],
-                       self.new[rows, steps:], [self.pairs[i][1] for i in rows.tolist()],
-                       self.finishes)
+                       self.work.rows(steps, self.steps), held, new, requests, self.finishes)
 
     def truncate(self, steps: int) -> None:
         """Keep only the first `steps` steps (the rest will be planned again)."""
-        if steps >= self.steps:
+        if steps >= self.steps:  # (the steps planned past those priced, if any, go)
+            self.stops = tuple(s for s in self.stops if s < self.steps)
             return
         self.start = self.start[:steps]
         self.timing = self.timing.head(steps)
@@ -310,6 +313,7 @@ class DecodeRun:
         if self.prefill is not None:
             self.prefill = self.prefill[keep]
         self.lands = tuple(keep.index(i) for i in self.lands if i in keep)
+        self.stops = tuple(s for s in self.stops if s > self.committed)
 
 
 def _emit_decodes(req, first_end: float, gaps, gained: int, last_end: float) -> None:

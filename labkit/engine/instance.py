@@ -159,7 +159,9 @@ class Instance:
         """May a request that finishes leave a run, the others decoding on? On one rank
         (ranks in lockstep, each with its own count of requests leaving, would price a
         new shape of step at each leaving: most of them priced for nothing, the run
-        cut by an arrival before), and not while someone reads StepStarted (it names a
+        cut by an arrival before; and a rank left with only KV on the wire would wait
+        for it, not step: one rank's run ends with its last request), and not while
+        someone reads StepStarted (it names a
         run's requests: a step-by-step replay announces the steps after the finish
         apart) or RequestTokens (which lists the finished one's KV freed in the step
         it finished)."""
@@ -218,10 +220,11 @@ class Instance:
         requests leave it as they finish is committed up to each finish, then goes on
         (`plan.end` moves to its next commit)."""
         run = plan.run
-        last_start = run.start[run.next_stop - 1] if run is not None else plan.start
-        self.last_step = (float(last_start), plan.end)
-        if run is not None and run.next_stop < run.steps:
-            return self._commit_to_finish(plan)
+        stop = run.next_stop if run is not None else 1
+        self.last_step = (float(run.start[stop - 1]) if run is not None else plan.start,
+                          plan.end)
+        if run is not None and stop < run.steps:
+            return self._commit_to_finish(plan, stop)
         if plan.run is not None:
             first, steps = plan.run.committed, plan.run.steps
             pairs = plan.run.play(steps, steps)
@@ -245,11 +248,10 @@ class Instance:
         self.plan = None
         return finished
 
-    def _commit_to_finish(self, plan: Plan) -> list:
-        """Commit a run up to its next finish; the others go on. The blocks the finished
-        requests free come off the run's later steps' KV use."""
+    def _commit_to_finish(self, plan: Plan, stop: int) -> list:
+        """Commit a run up to its next finish (`stop` steps); the others go on. The
+        blocks the finished requests free come off the run's later steps' KV use."""
         run, first = plan.run, plan.run.committed
-        stop = run.next_stop
         pairs = run.play(stop, stop)
         used = [s.kv.pool.num_used for s in self.schedulers]
         finished = self._finish(pairs, plan.end)

@@ -87,8 +87,7 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
         return None  # a copy-on-write is due: let a normal step do it
     landing = min((r.kv_ready_s for _, r in wire), default=np.inf)
     plan = _Planner(schedulers, step_index, acceptance, config, cost_model, lockstep, now,
-                    horizon, max_steps, step_guess_s, scheduled, leave,
-                    {rank for rank, _ in wire})
+                    horizon, max_steps, step_guess_s, scheduled, leave)
     if rest is not None and rest.continues(pairs, step_index, now):
         tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes,
                            done=_leaving(rest.new))
@@ -134,13 +133,12 @@ class _Planner:
 
     def __init__(self, schedulers, step_index: int, acceptance, config, cost_model,
                  lockstep: bool, now: float, horizon: float, max_steps: int,
-                 step_guess_s: float, scheduled: bool, leave: bool = False,
-                 wire_ranks=()) -> None:
+                 step_guess_s: float, scheduled: bool, leave: bool = False) -> None:
         self.schedulers, self.step_index, self.config = schedulers, step_index, config
         self.cost_model, self.lockstep = cost_model, lockstep
         self.now, self.horizon, self.max_steps = now, horizon, max_steps
         self.step_guess_s, self.scheduled = step_guess_s, scheduled
-        self.leave, self.wire_ranks = leave, wire_ranks
+        self.leave = leave
         self.cum = accepted_before(step_index, max_steps, acceptance)
         self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
 
@@ -148,16 +146,6 @@ class _Planner:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
                            self.max_steps, join, self.leave)
 
-    def _last_leaving(self, done: np.ndarray, rank_of, k: int, finishes: bool):
-        """(steps, finishes) of a run whose request i leaves after done[i] steps: it
-        ends at the first to leave where none may (`leave`), else where the last of a
-        rank with KV on the wire leaves (the rank then waits for that KV: no run)."""
-        stop = k if self.leave else int(done.min())
-        for rank in self.wire_ranks:
-            mine = done[np.asarray(rank_of) == rank]
-            if len(mine):
-                stop = min(stop, int(mine.max()))
-        return (stop, True) if stop < k else (k, finishes)
 
     def run(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
             priced=None, known=None) -> DecodeRun | None:
@@ -190,9 +178,9 @@ class _Planner:
         taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
         if fit < k:
             k, finishes = fit, False
-        done = tokens.done
-        if done is not None:  # some leave the run before its end (`decode_run.py`)
-            k, finishes = self._last_leaving(done, rank_of, k, finishes)
+        done = tokens.done  # some leave the run before its end (`decode_run.py`)
+        if done is not None and not self.leave and int(done.min()) < k:
+            k, finishes = int(done.min()), True  # (a cut run's rest, planned with leave)
         if k < 1 or (known is not None and k <= len(known.duration)):
             return None
         stops = () if done is None else tuple(sorted(set(done[done < k].tolist())))
@@ -220,8 +208,10 @@ class _Planner:
             prices_whole = getattr(cost_model, "prices_runs_whole", None)
             if prices_whole is not None and prices_whole(self.lockstep, ranks):
                 splits = ()
+            # (steps starting once KV on the wire lands are cut too: priced for nothing)
             timing, work = _step_timing(cost_model, self.lockstep, rows, k, self.now,
-                                        self.horizon, self.step_guess_s, splits, known)
+                                        min(self.horizon, landing), self.step_guess_s,
+                                        splits, known)
         times = _running_sum(self.now, timing.duration)  # each step starts where the last ended
         start, ends = times[:-1], times[1:]
         within = int(ends.searchsorted(self.horizon, side="left"))  # steps ending < horizon

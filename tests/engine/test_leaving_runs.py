@@ -48,9 +48,9 @@ def _watch(monkeypatch, seen: Counter, leave: bool = True) -> None:
             seen["left with chunks" if run.prefill is not None else "left"] += 1
         return run
 
-    def committing(instance, plan):
+    def committing(instance, plan, stop):
         seen["commits at a leaving"] += 1
-        return commit(instance, plan)
+        return commit(instance, plan, stop)
 
     import labkit.engine.instance as instance_module
     monkeypatch.setattr(instance_module, "plan_decode_run", planning)
