@@ -59,9 +59,9 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     """The tokens of up to max_steps steps (`cum`: tokens each decode accepts before
     step j); None if a rank's steps are not exactly this plan (see the docstring).
     `join`: (row, step) — that row's prefix KV is on the wire until the step, which
-    takes it in and starts its chunks (it sits the steps before out). `leave`: in a
-    run of decodes alone, a request that finishes leaves it, the others decode on
-    (`decode_run.py`); else the first to finish ends the run."""
+    takes it in and starts its chunks (it sits the steps before out). `leave`: a
+    request that finishes (after the last prompt chunk, if any) leaves the run, the
+    others decode on (`decode_run.py`); else the first to finish ends the run."""
     width = config.tokens_per_decode_step
     computed = np.array([r.num_computed_tokens for _, r in pairs], dtype=np.int64)
     remaining = np.array([r.remaining_output_tokens for _, r in pairs], dtype=np.int64)

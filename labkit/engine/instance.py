@@ -157,14 +157,13 @@ class Instance:
 
     def _may_leave(self) -> bool:
         """May a request that finishes leave a run, the others decoding on? On one rank
-        (ranks in lockstep, each with its own count of requests leaving, would price a
-        new shape of step at each leaving: most of them priced for nothing, the run
-        cut by an arrival before; and a rank left with only KV on the wire would wait
-        for it, not step: one rank's run ends with its last request), and not while
-        someone reads StepStarted (it names a
-        run's requests: a step-by-step replay announces the steps after the finish
-        apart) or RequestTokens (which lists the finished one's KV freed in the step
-        it finished)."""
+        only: ranks in lockstep, each with its own count of requests leaving, would
+        price a new shape of step at each leaving, most of them for nothing (an arrival
+        cuts the run first), and a rank left with only KV on the wire would wait for
+        it, not step (one rank's run ends with its last request). Nor while someone
+        reads StepStarted (it names a run's requests: a step-by-step replay announces
+        the steps after the finish apart) or RequestTokens (which lists the finished
+        request's KV freed in the step it finished)."""
         return not (self.lockstep or self.events.wants(StepStarted)
                     or self.events.wants(RequestTokens))
 
@@ -225,9 +224,9 @@ class Instance:
                           plan.end)
         if run is not None and stop < run.steps:
             return self._commit_to_finish(plan, stop)
-        if plan.run is not None:
-            first, steps = plan.run.committed, plan.run.steps
-            pairs = plan.run.play(steps, steps)
+        if run is not None:
+            first, steps = run.committed, run.steps
+            pairs = run.play(steps, steps)
             if self.events.wants(RequestTokens):
                 # the steps before the last one end before anyone finishes (as stepping
                 # one by one would announce them): their requests still hold their KV

@@ -146,7 +146,6 @@ class _Planner:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
                            self.max_steps, join, self.leave)
 
-
     def run(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
             priced=None, known=None) -> DecodeRun | None:
         """The run of these tokens: blocks, costs, bounds. `priced`: (timing, work) of
