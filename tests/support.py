@@ -118,6 +118,12 @@ def assert_same_replay(a, b) -> None:
         assert x == y or (x != x and y != y), key
 
 
+def step_middles(run, step: int) -> list:
+    """The middle of a fast-forwarded run's step before `step` and of `step`: times to
+    look at the KV (`assert_kv_as_step_by_step`) around something that happens there."""
+    return ((run.start[step - 1 : step + 1] + run.ends[step - 1 : step + 1]) / 2).tolist()
+
+
 def assert_kv_as_step_by_step(cfg: dict, trace, looks: list, **options) -> int:
     """Replay `trace` fast-forwarded and step by step side by side: at every time in
     `looks` (a heap; hooks may push more while it runs) each rank's KV must be the same

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from support import assert_kv_as_step_by_step, assert_same_replay, small_agentx
+from support import assert_kv_as_step_by_step, assert_same_replay, small_agentx, step_middles
 from labkit import Engine, generate_agentx_trace
 from labkit.engine import run_plan
 from labkit.engine.decode_run import DecodeRun
@@ -105,9 +105,7 @@ def test_joined_runs_leave_the_kv_as_single_steps_do(monkeypatch):
     def joining(*args):
         joined = join(*args)
         if joined is not None:
-            at, ends = joined.land_step, joined.ends
-            looks.extend([(joined.start[at - 1] + ends[at - 1]) / 2,
-                          (joined.start[at] + ends[at]) / 2])
+            looks.extend(step_middles(joined, joined.land_step))
             heapq.heapify(looks)
         return joined
 

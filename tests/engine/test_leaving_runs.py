@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from support import assert_kv_as_step_by_step, assert_same_replay, small_agentx
+from support import assert_kv_as_step_by_step, assert_same_replay, small_agentx, step_middles
 from labkit import Engine, generate_agentx_trace
 from labkit.engine import run_plan
 from labkit.engine.instance import Instance
@@ -93,8 +93,7 @@ def test_runs_left_leave_the_kv_as_single_steps_do(monkeypatch):
     def planning(*args, **kwargs):
         run = plan(*args, **kwargs)
         for stop in run.stops if run is not None else ():
-            middles = (run.start[stop - 1 : stop + 1] + run.ends[stop - 1 : stop + 1]) / 2
-            looks.extend(middles.tolist())
+            looks.extend(step_middles(run, stop))
         heapq.heapify(looks)
         return run
 
