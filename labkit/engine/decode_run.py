@@ -117,15 +117,6 @@ class DecodeRun:
         boundary first the ending step's registrations, then the next one's
         allocations (and its prefill chunks' registrations). Returns the (scheduler,
         request) pairs that finished."""
-        # the steps with prefill chunks play call by call, those before (where a row
-        # joins the run later) and after them may batch
-        finished, stop = [], max(alloc_stop, commit_stop)
-        for split in (self.land_step if self.lands else 0, self.chunk_end):
-            if self.committed < split < stop:
-                finished += self._play(min(alloc_stop, split), min(commit_stop, split))
-        return finished + self._play(alloc_stop, commit_stop)
-
-    def _play(self, alloc_stop: int, commit_stop: int) -> list:
         first = self.committed
         commit_stop = max(commit_stop, first)
         alloc_stop = max(alloc_stop, commit_stop, self.allocated)
@@ -158,7 +149,7 @@ class DecodeRun:
                        for i, j in zip(req_idx.tolist(), step_idx.tolist())]
             at = self.land_step
             if self.allocated <= at < alloc_stop:
-                events += [(at, 1, i, 0, at) for i in self.lands]
+                events += [(at, 1, i, 0, at) for i in self.lands if i in rows]
         req_idx, step_idx = np.nonzero(fills[rows])
         events += [(first + j + 1, 0, rows[i], 1, first + j)
                    for i, j in zip(req_idx.tolist(), step_idx.tolist())]

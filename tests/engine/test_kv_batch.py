@@ -10,9 +10,11 @@ batch could differ: `plan_batch` must decline it, changing nothing).
 """
 
 import copy
+from collections import Counter
 
 import numpy as np
 
+from support import assert_same_kv, assert_same_replay
 from labkit.engine.kv import KVManager, TraceBlockKeys
 from labkit.engine.kv.block_pool import BlockPool
 from labkit.engine.request import Request
@@ -148,8 +150,9 @@ def test_declined_batches_would_differ(monkeypatch):
 
 def test_a_playbacks_kv_events_match_their_definition():
     """`_kv_events` (one compiled pass) against its definition in numpy: each request's
-    calls, the ranks that play call by call for a prefill chunk or a landed prefix,
-    the last step each rank allocates / fills in, the tokens of requests that fill."""
+    calls, the ranks registering a prefill chunk or a landed prefix in a step played
+    only up to its start (late), the last step each rank allocates / registers a
+    chunk or landed prefix / fills in, the tokens of requests that register."""
     from labkit.engine.kv.batch_play import NONE, _kv_events
 
     def last(mask) -> int:
@@ -157,8 +160,8 @@ def test_a_playbacks_kv_events_match_their_definition():
         return int(hits[-1]) if len(hits) else NONE
 
     rng = np.random.default_rng(5)
-    seen_chunky = seen_plain = 0
-    for _ in range(400):
+    seen = Counter()
+    for _ in range(600):
         n, k = int(rng.integers(1, 7)), int(rng.integers(1, 12))
         cuts = np.sort(rng.choice(np.arange(1, n), size=int(rng.integers(0, n)), replace=False))
         lo = np.concatenate([[0], cuts]).astype(np.int64)
@@ -171,20 +174,80 @@ def test_a_playbacks_kv_events_match_their_definition():
         after = rng.integers(0, 10_000, size=n)
         with_chunks = rng.random() < 0.5
         prefill = rng.random((n, k)) < 0.15 if with_chunks else kv_calls[:, :0]
+        land_step = int(rng.integers(start, max(start + 1, min(alloc_stop, k))))
         landing = (rng.random(n) < 0.2) & with_chunks
-        calls, chunky, la, lf, tokens = _kv_events(kv_calls, prefill, fills, landing, after,
-                                                   lo, start, first, alloc_stop)
+        calls, late, la, lf, lr, tokens = _kv_events(kv_calls, prefill, fills, landing,
+                                                     after, lo, start, first, alloc_stop,
+                                                     land_step)
         want = kv_calls[:, start:alloc_stop].sum(axis=1) + fills.sum(axis=1)
         if with_chunks:
             want = want + prefill[:, start:alloc_stop].sum(axis=1) + landing
         assert calls.tolist() == want.tolist()
-        assert tokens.tolist() == np.where(fills.any(axis=1), after, -1).tolist()
+        registers = fills.any(axis=1) | landing
+        assert tokens.tolist() == np.where(registers, after, -1).tolist()
+        commit_stop = first + fills.shape[1]
         for r, (a, b) in enumerate(zip(lo, hi)):
-            chunk = with_chunks and bool(
-                (prefill[a:b, first:alloc_stop].any(axis=1) | landing[a:b]).any())
-            assert chunky[r] == chunk
-            seen_chunky += chunk
-            seen_plain += not chunk
+            chunks = np.zeros(k, dtype=bool)  # steps in which the rank registers a
+            if with_chunks:                   # chunk or a landed prefix as they start
+                chunks[start:alloc_stop] = prefill[a:b, start:alloc_stop].any(axis=0)
+                chunks[land_step] |= landing[a:b].any()
+            assert late[r] == chunks[commit_stop:].any()
+            seen["late"] += bool(late[r])
+            seen["chunks in time"] += chunks.any() and not late[r]
             assert la[r] == last(kv_calls[a:b, start:alloc_stop].any(axis=0))
+            assert lr[r] == last(chunks[start:])
             assert lf[r] == last(fills[a:b].any(axis=0))
-    assert seen_chunky > 50 and seen_plain > 50
+    assert seen["late"] > 50 and seen["chunks in time"] > 50
+
+
+def test_runs_played_in_batches_leave_what_calls_one_by_one_leave(monkeypatch):
+    """Whole runs — prefill chunks and prefixes fetched from another rank landing
+    among the decodes included — played a batch per rank leave every rank's blocks,
+    its time stamp and the running calls' progress (tokens computed, KV arrived) as
+    the same runs played call by call do, looked at every 0.37 s (each look plays the
+    runs under way up to then)."""
+    from support import kv_state
+
+    from labkit import Engine, generate_agentx_trace
+    from labkit.engine.kv import batch_play
+
+    trace = generate_agentx_trace(120, seed=11, context_window_tokens=200_000,
+                                  compact_threshold_tokens=166_000)
+    looks = np.arange(0.4, 200, 0.37).tolist()
+    kv_events, seen = batch_play._kv_events, Counter()
+
+    def counting(*args):
+        out = kv_events(*args)
+        calls, late, last_reg, rank_lo = out[0], out[1], out[4], args[5]
+        for r, lo in enumerate(rank_lo.tolist()):
+            hi = rank_lo[r + 1] if r + 1 < len(rank_lo) else len(calls)
+            if last_reg[r] != batch_play.NONE and not late[r] \
+                    and calls[lo:hi].sum() >= batch_play.BATCH_EVENTS:
+                seen["chunks or a landing offered to a batch"] += 1
+                seen["with a landing"] += bool(args[3][lo:hi].any())
+        return out
+
+    def looked() -> list:
+        engine = Engine(model="qwen3-30b-a3b", layout="dp4", hardware="h200",
+                        max_model_len=262144)
+        run, states = engine.start_replay(trace, concurrency=40, duration_s=200,
+                                          start_part_way=False), []
+        for t in looks:
+            while engine.next_event_time() < t:
+                engine.process_event()
+            state = kv_state(engine, t)
+            for s in engine.schedulers:
+                state.append((s.kv.pool.now, [(r.request_id, r.num_computed_tokens,
+                                               r.kv_ready_s) for r in s.running]))
+            states.append(state)
+        return states, run.finish()
+
+    monkeypatch.setattr(batch_play, "_kv_events", counting)
+    batched, batched_result = looked()
+    assert seen["chunks or a landing offered to a batch"] > 60 and seen["with a landing"] > 40, seen
+    monkeypatch.setattr(batch_play, "BATCH_EVENTS", 1 << 60)  # every call one by one
+    one_by_one, result = looked()
+    for t, a, b in zip(looks, batched, one_by_one):
+        assert_same_kv(a[:-4], b[:-4], t)
+        assert a[-4:] == b[-4:], t
+    assert_same_replay(batched_result, result)

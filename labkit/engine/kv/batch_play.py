@@ -17,11 +17,17 @@ because
   come in between (registering a block does not move it in the queue);
 - the pool's time stamp is left at that of the last call it would have seen.
 
+Prefill chunks (`chunk_run.py`) and a prefix copied in from elsewhere, registered
+when their step starts (between the allocations), batch as well: registering moves no
+block in the queue, and a block registered as its step starts and marked written as
+it ends is, once the step has ended, what one registered then — so the batch
+registers them with the blocks filled, and marks a landed request's KV arrived.
+
 A batch is declined, and the calls are made one by one (`DecodeRun._play_in_order`),
 where it could differ or where nobody can tell cheaply that it would not:
 
-- a rank computes a prefill chunk in the steps played (`chunk_run.py`): its blocks are
-  registered when its step starts, between the allocations;
+- a chunk or a landed prefix is registered in a step played only up to its start
+  (its blocks stay marked as being computed);
 - a key to register is cached already, or twice: who holds it then depends on
   whether an eviction comes before or after the registration;
 - the pool is short;
@@ -129,22 +135,21 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
     the rank cannot tell that a batch gives the same result."""
     start = run.allocated
     ranks = _ranks(run.pairs)
-    # A rank with prefill chunks plays call by call (their blocks are registered when
-    # their step starts, between allocations), and so does one taking in a landed
-    # prefix before its first chunk; a request without calls takes nothing and
-    # registers nothing (it may stay in a batch).
+    # A request without calls takes nothing and registers nothing (it may stay in a
+    # batch); one taking in a landed prefix registers it as the step starts.
     landing = np.zeros(len(run.pairs), dtype=np.bool_)
     if start <= run.land_step < alloc_stop:
         landing[list(run.lands)] = True
     prefill = run.prefill if run.prefill is not None else run.kv_calls[:, :0]
-    calls, chunky, la, lf, tokens = _kv_events(
+    calls, late, la, lf, lr, tokens = _kv_events(
         run.kv_calls, prefill, fills, landing,
         after[:, -1] if after.shape[1] else np.zeros(len(run.pairs), dtype=np.int64),
-        np.array([lo for _, lo, _ in ranks], dtype=np.int64), start, first, alloc_stop)
+        np.array([lo for _, lo, _ in ranks], dtype=np.int64), start, first, alloc_stop,
+        run.land_step)
     committed = max(0, first + fills.shape[1] - start)  # steps registering before the rest
     calls, left = calls.tolist(), []
     for r, (scheduler, lo, hi) in enumerate(ranks):
-        if sum(calls[lo:hi]) < BATCH_EVENTS or chunky[r] or not plays_in_batches(scheduler.kv):
+        if sum(calls[lo:hi]) < BATCH_EVENTS or late[r] or not plays_in_batches(scheduler.kv):
             left += [i for i in range(lo, hi) if calls[i]]
             continue
         kv, reqs = scheduler.kv, [req for _, req in run.pairs[lo:hi]]
@@ -156,10 +161,14 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
             left += [i for i in range(lo, hi) if calls[i]]
             continue
         play_batch(kv, plan)
+        for i in range(lo, hi):
+            if landing[i]:  # (as `Scheduler._schedule_running` takes it in)
+                run.pairs[i][1].kv_ready_s = 0.0
         # the time stamp the pool is left with: its last event's (register at boundary
-        # j + 1 = ends[j], allocate at boundary j = start[j], register first)
-        last_alloc, last_fill = la[r] + start, lf[r] + first + 1
-        kv.set_time(float(run.start[last_alloc]) if last_alloc >= last_fill
+        # j + 1 = ends[j]; allocate, register a chunk or a landed prefix at boundary
+        # j = start[j]: the same time)
+        last_start, last_fill = max(la[r], lr[r]) + start, lf[r] + first + 1
+        kv.set_time(float(run.start[last_start]) if last_start >= last_fill
                     else float(ends[last_fill - 1]))
     return sorted(left)
 
@@ -167,23 +176,27 @@ def play_run_in_batches(run, first: int, alloc_stop: int, after, fills, ends) ->
 # (one signature, any layout: contiguous or sliced arrays would each load a compiled
 # copy of their own in every process)
 @njit("(boolean[:, :], boolean[:, :], boolean[:, :], boolean[:], int64[:], int64[:], int64, "
-      "int64, int64)", cache=True)
+      "int64, int64, int64)", cache=True)
 def _kv_events(kv_calls, prefill, fills, landing, last_after, rank_lo, start: int,
-               first: int, alloc_stop: int):
+               first: int, alloc_stop: int, land_step: int):
     """What `play_run_in_batches` reads of a run's steps being played, in one pass:
-    each request's KV calls (allocations in steps [start, alloc_stop), blocks filled,
-    prefill chunks registered there and a landed prefix taken in); per rank whether
-    a request computes a chunk in steps [first, alloc_stop) or takes in a landed
-    prefix, the last step (from `start`) in which one of its requests allocates and
-    the last (from `first`) in which one fills a block (NONE if none); each request's
-    tokens with KV after its steps if it fills a block then (-1 if not)."""
+    each request's KV calls (allocations in steps [start, alloc_stop), blocks filled
+    in the steps ending, [first, first + fills' width), prefill chunks registered and
+    a landed prefix taken in (`landing`, at land_step) as steps [start, alloc_stop)
+    start); per rank whether a chunk or a landed prefix is registered in a step that
+    does not end here (late), the last step (from `start`) in which one of its requests
+    allocates, and in which one registers a chunk or a landed prefix, and the last
+    (from `first`) in which one fills a block (NONE if none); each request's tokens
+    with KV after its steps if it registers anything (-1 if not)."""
     n = kv_calls.shape[0]
     ranks = len(rank_lo)
     alloc_stop = min(alloc_stop, kv_calls.shape[1])  # (as a slice would stop)
+    commit_stop = first + fills.shape[1]  # steps from here on do not end
     calls = np.zeros(n, dtype=np.int64)
-    chunky = np.zeros(ranks, dtype=np.bool_)
+    late = np.zeros(ranks, dtype=np.bool_)
     last_alloc = np.full(ranks, NONE, dtype=np.int64)
     last_fill = np.full(ranks, NONE, dtype=np.int64)
+    last_reg = np.full(ranks, NONE, dtype=np.int64)
     tokens = np.full(n, -1, dtype=np.int64)
     r = -1
     for i in range(n):
@@ -200,12 +213,16 @@ def _kv_events(kv_calls, prefill, fills, landing, last_after, rank_lo, start: in
                 tokens[i] = last_after[i]
         if prefill.shape[1]:
             for j in range(start, alloc_stop):
-                calls[i] += prefill[i, j]
-            for j in range(first, alloc_stop):
-                chunky[r] |= prefill[i, j]
-            calls[i] += landing[i]
-            chunky[r] |= landing[i]
-    return calls, chunky, last_alloc, last_fill, tokens
+                if prefill[i, j]:
+                    calls[i] += 1
+                    last_reg[r] = max(last_reg[r], j - start)
+                    late[r] |= j >= commit_stop
+            if landing[i]:
+                calls[i] += 1
+                last_reg[r] = max(last_reg[r], land_step - start)
+                late[r] |= land_step >= commit_stop
+                tokens[i] = last_after[i]
+    return calls, late, last_alloc, last_fill, last_reg, tokens
 
 
 def _ranks(pairs) -> list:
