@@ -182,8 +182,9 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
         key_range = int(rng.integers(3, 3 * n))
         key_of = np.arange(key_range, dtype=np.int64)
         if seed >= 10:
-            homes = np.array([0, DIRECT_KEYS, -(1 << 40), 1 << 62], dtype=np.int64)
-            key_of = key_of + homes[rng.integers(0, 4, key_range)]
+            # (1 << 14: past the array as it starts, which grows to hold it)
+            homes = np.array([0, 1 << 14, DIRECT_KEYS, -(1 << 40), 1 << 62], dtype=np.int64)
+            key_of = key_of + homes[rng.integers(0, 5, key_range)]
         for _ in range(150):
             op = rng.integers(4)
             if op == 0 and ref.free:

@@ -92,8 +92,15 @@ class KeyIndex:
         answer = distinct_unheld(self.slot, keys)
         if answer >= 0:
             return bool(answer)
-        # a key outside the array
-        return len(np.unique(keys)) == len(keys) and self.none_of(keys)
+        # a key outside the array: those inside as above, the others (a range of their
+        # own) distinct among themselves and not in the dict (keys past the array but
+        # below DIRECT_KEYS are in neither: the array grows before it takes them)
+        inside = self._split(keys)
+        if not distinct_unheld(self.slot, keys[inside]):
+            return False
+        outside = keys[~inside].tolist()
+        seen = set(outside)
+        return len(seen) == len(outside) and self._other.keys().isdisjoint(seen)
 
     def none_of(self, keys) -> bool:
         """Is none of these keys held?"""
