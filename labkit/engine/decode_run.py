@@ -42,8 +42,8 @@ middle of the run joins it there, `land_step`, sitting the steps before out). It
 entries are held, like every request's, as (request, step) arrays of tokens — those
 with KV before each step and those computed in it — from which the allocations, the
 cost model's rows and the playback follow; its chunks' blocks are registered when
-their step starts, as `Scheduler.schedule` registers them, and its steps are played
-call by call.
+their step starts, as `Scheduler.schedule` registers them (a rank's batch registers
+them with the blocks filled: `kv/batch_play.py`).
 
 A run may also begin with a step the schedulers have just scheduled: one that admits
 a call (its prefix KV put on the wire, or its first prompt chunk) and leaves the ranks
