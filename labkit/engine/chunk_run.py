@@ -73,10 +73,7 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
         new = np.full((len(pairs), k), width, dtype=np.int64)
         return RunTokens(held, _sit_out(new, leaving), None, k, finishes, done=leaving)
     decoding = np.array([r.is_decoding for _, r in pairs], dtype=bool)
-    held = computed[:, None] + np.minimum(cum[None, :], remaining[:, None])
-    new = np.full((len(pairs), max_steps), width, dtype=np.int64)
-    prefill = np.zeros((len(pairs), max_steps), dtype=bool)
-    done = cum.searchsorted(remaining, side="left")  # steps to finish, decoding
+    held, new, prefill, done = _as_decodes(computed, remaining, cum, width)  # (then prompts)
     steps, lands, busy = max_steps, [], 0  # busy: the steps up to the last prompt chunk
     joining, land_step = join if join is not None else (-1, 0)
     for i in (~decoding).nonzero()[0].tolist():
@@ -91,19 +88,10 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
         if req.kv_ready_s:  # landed (or lands when it joins)
             lands.append(i)
         steps = min(steps, at + after)
-        pending, end = req.num_pending_tokens, at + last  # end: the step ending its prompt
-        busy = max(busy, end + 1)
-        new[i, :at] = 0
-        held[i, at : end + 1] = req.num_computed_tokens + before[: last + 1]
-        new[i, at : end + 1] = sizes[: last + 1]
-        prefill[i, at : end + 1] = sizes[: last + 1] > 0
-        if end < max_steps:  # a decode from step end + 1 on, from a full prompt
-            left = cum[end + 1:] - cum[end + 1]
-            held[i, end + 1:] = req.num_computed_tokens + pending + \
-                np.minimum(left, remaining[i] - 1)
-            done[i] = end + 1 + int(np.searchsorted(left, remaining[i] - 1, side="left"))
-        else:
-            done[i] = max_steps + 1
+        busy = max(busy, at + last + 1)  # (step at + last ends its prompt)
+        done[i] = _prompt_row(held[i], new[i], prefill[i], cum, at, sizes, before, last,
+                              req.num_computed_tokens, req.num_pending_tokens,
+                              int(remaining[i]))
     if joining >= 0:
         held[joining, :land_step] = computed[joining]  # sitting out, its prefix held
         if land_step >= min(steps, int(done.min())) or lands != [joining]:
@@ -128,8 +116,60 @@ def _run_end(done: np.ndarray, steps: int, leave: bool, busy: int = 0):
 def _sit_out(new: np.ndarray, done: np.ndarray | None) -> np.ndarray:
     """`new` with nothing computed by request i from step done[i] on (it has left)."""
     if done is not None:
-        new[np.arange(new.shape[1])[None, :] >= done[:, None]] = 0
+        _zero_from(new, done)
     return new
+
+
+@njit(cache=True)
+def _zero_from(new, done) -> None:
+    """new[i, done[i]:] = 0 for every row i."""
+    for i in range(len(done)):
+        new[i, done[i]:] = 0
+
+
+@njit(cache=True)
+def _as_decodes(computed, remaining, cum, width: int):
+    """(held (n, k+1), new (n, k), prefill (n, k), done (n,)) of n requests decoding
+    through k = len(cum) - 1 steps: request i holds computed[i] + cum[j] tokens before
+    step j, up to its remaining[i] more, `width` new ones a step, no prefill, and
+    finishes in its first done[i] steps (k + 1: not in these)."""
+    n, k = len(computed), len(cum) - 1
+    held = np.empty((n, k + 1), dtype=np.int64)
+    for i in range(n):
+        for j in range(k + 1):
+            held[i, j] = computed[i] + min(cum[j], remaining[i])
+    new = np.full((n, k), width, dtype=np.int64)
+    return held, new, np.zeros((n, k), dtype=np.bool_), np.searchsorted(cum, remaining)
+
+
+@njit(cache=True)
+def _prompt_row(held, new, prefill, cum, at: int, sizes, before, last: int, computed: int,
+                pending: int, remaining: int) -> int:
+    """Fill one request's row (`held` (k+1,), `new` and `prefill` (k,), from step `at`,
+    its first in the run, where it has `computed` tokens) with its prompt's chunks
+    (`_chunks`: `sizes`, the tokens `before` each, the chunk `last` ending the prompt),
+    then its decodes from a full prompt (the step after on, `cum[j]` accepted before
+    step j, up to its `remaining` tokens, the first computed by its last chunk);
+    return the steps to its finish (k + 1 where its prompt does not end in the run).
+    It sits the steps before `at` out."""
+    k = len(new)
+    end = at + last  # the step ending its prompt
+    new[:at] = 0
+    for j in range(last + 1):
+        held[at + j] = computed + before[j]
+        if at + j < k:
+            new[at + j] = sizes[j]
+            prefill[at + j] = sizes[j] > 0
+    if end >= k:
+        return k + 1
+    base, cap = cum[end + 1], remaining - 1
+    finish = k - end  # steps after the prompt's until it has all (as searchsorted, left)
+    for j in range(end + 1, k + 1):
+        left = cum[j] - base
+        held[j] = computed + pending + min(left, cap)
+        if left >= cap and finish == k - end:
+            finish = j - end - 1
+    return end + 1 + finish
 
 
 def _chunks(scheduler, req, rank_decodes: int, step_index: int, config, max_steps: int):
