@@ -142,6 +142,14 @@ class _Planner:
         self.cum = accepted_before(step_index, max_steps, acceptance)
         self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
 
+    @functools.cached_property
+    def pools(self) -> tuple[np.ndarray, np.ndarray]:
+        """(free, used) blocks of each rank's pool before step 0 (the same for every
+        run planned here: planning takes none)."""
+        pools = [s.kv.pool for s in self.schedulers]
+        return (np.array([p.num_free for p in pools], dtype=np.int64),
+                np.array([p.num_used for p in pools], dtype=np.int64))
+
     def tokens(self, pairs, rank_of, join=None) -> RunTokens | None:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
                            self.max_steps, join, self.leave)
@@ -173,7 +181,7 @@ class _Planner:
             net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
         if self.scheduled and calls[:, 0].any():
             return None  # step 0's KV work is not all done: not the step scheduled
-        free = np.array([s.kv.pool.num_free for s in schedulers], dtype=np.int64)
+        free, used0 = self.pools
         taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
         if fit < k:
             k, finishes = fit, False
@@ -186,11 +194,8 @@ class _Planner:
 
         prefill, chunk_end = None, 0  # the steps before chunk_end carry prefill chunks
         if tokens.prefill is not None:
-            prefill, out = tokens.prefill[:, :k], new[:, :k] == 0
-            if done is not None:  # (not those that have left)
-                out &= np.arange(k)[None, :] < done[:, None]
-            busy = (prefill | out).any(axis=0).nonzero()[0]
-            chunk_end = max(int(busy[-1]) + 1 if len(busy) else 0,
+            prefill = tokens.prefill[:, :k]
+            chunk_end = max(_chunk_end(prefill, new[:, :k], done),
                             tokens.land_step + 1 if tokens.lands else 0)
 
         # Cost of each step, then cut before the first step ending at or after the horizon.
@@ -205,12 +210,15 @@ class _Planner:
                 whole = StepWork.from_entries(rank_of, ranks, held[:, :k], new[:, :k], prefill)
                 rows = whole.rows
             prices_whole = getattr(cost_model, "prices_runs_whole", None)
+            known_parts = known
             if prices_whole is not None and prices_whole(self.lockstep, ranks):
-                splits = ()
+                # (the known steps too: priced again with the rest, they cost what they
+                # cost, as cheaply as their timing and the rest's are joined)
+                splits, known_parts = (), None
             # (steps starting once KV on the wire lands are cut too: priced for nothing)
             timing, work = _step_timing(cost_model, self.lockstep, rows, k, self.now,
                                         min(self.horizon, landing), self.step_guess_s,
-                                        splits, known)
+                                        splits, known_parts)
         times = _running_sum(self.now, timing.duration)  # each step starts where the last ended
         start, ends = times[:-1], times[1:]
         within = int(ends.searchsorted(self.horizon, side="left"))  # steps ending < horizon
@@ -219,7 +227,6 @@ class _Planner:
         within = min(within, landed)
         if within < 1:
             return None
-        used0 = np.array([s.kv.pool.num_used for s in schedulers], dtype=np.int64)
         kv_used = used0[None, :] + taken[:k]
         run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                         net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
@@ -260,14 +267,16 @@ def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: 
     return timing, rows(0, b)
 
 
+@njit(cache=True)
 def _running_sum(now: float, durations: np.ndarray) -> np.ndarray:
     """[now, now + d0, (now + d0) + d1, ...]: the steps' start times and, last, the end
     of the last (added one by one, so a step's end is the same float however many
     steps are summed)."""
     times = np.empty(len(durations) + 1)
     times[0] = now
-    times[1:] = durations
-    return times.cumsum(out=times)
+    for j in range(len(durations)):
+        times[j + 1] = times[j] + durations[j]
+    return times
 
 
 @njit("(int64[:, :], int64[:, :], int64[:], int64)", cache=True)  # (any layout: one copy)
@@ -305,6 +314,19 @@ def _taken_by_rank(net, rank_of, free):
                 if taken[j, r] > free[r]:
                     fit = j
     return taken, fit
+
+
+@njit(cache=True)
+def _chunk_end(prefill, new, done) -> int:
+    """The steps up to the last with a prefill chunk or a request out of it that has
+    not left the run (a deferred chunk, KV on the wire; `done`: the steps each is in
+    before it leaves, None: all); 0 if none."""
+    n, k = new.shape
+    for j in range(k - 1, -1, -1):
+        for i in range(n):
+            if prefill[i, j] or (new[i, j] == 0 and (done is None or j < done[i])):
+                return j + 1
+    return 0
 
 
 def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
