@@ -141,14 +141,11 @@ class _Planner:
         self.leave = leave
         self.cum = accepted_before(step_index, max_steps, acceptance)
         self.cut_by_landing = False  # the last run planned ends where KV on the wire lands
-
-    @functools.cached_property
-    def pools(self) -> tuple[np.ndarray, np.ndarray]:
-        """(free, used) blocks of each rank's pool before step 0 (the same for every
-        run planned here: planning takes none)."""
-        pools = [s.kv.pool for s in self.schedulers]
-        return (np.array([p.num_free for p in pools], dtype=np.int64),
-                np.array([p.num_used for p in pools], dtype=np.int64))
+        # each rank's free and used blocks before step 0 (the same for every run planned
+        # here: planning takes none)
+        pools = [s.kv.pool for s in schedulers]
+        self.free = np.array([p.num_free for p in pools], dtype=np.int64)
+        self.used0 = np.array([p.num_used for p in pools], dtype=np.int64)
 
     def tokens(self, pairs, rank_of, join=None) -> RunTokens | None:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
@@ -181,8 +178,7 @@ class _Planner:
             net, calls = net * (1 + pages) - slid * pages, calls | (slid > 0)
         if self.scheduled and calls[:, 0].any():
             return None  # step 0's KV work is not all done: not the step scheduled
-        free, used0 = self.pools
-        taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), free)  # (k, R)
+        taken, fit = _taken_by_rank(net, np.asarray(rank_of, dtype=np.int64), self.free)  # (k, R)
         if fit < k:
             k, finishes = fit, False
         done = tokens.done  # some leave the run before its end (`decode_run.py`)
@@ -227,7 +223,7 @@ class _Planner:
         within = min(within, landed)
         if within < 1:
             return None
-        kv_used = used0[None, :] + taken[:k]
+        kv_used = self.used0[None, :] + taken[:k]
         run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
                         net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
                         chunk_end, allocated=int(self.scheduled), land_step=tokens.land_step,
