@@ -30,6 +30,8 @@ takes it where it continues exactly, and redoes only steps 2 and 3's bounds.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -91,16 +93,19 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     if rest is not None and rest.continues(pairs, step_index, now):
         tokens = RunTokens(rest.held, rest.new, None, len(rest.start), rest.finishes,
                            done=_leaving(rest.new))
-        run = plan.run(pairs, rank_of, tokens, landing, priced=(rest.timing, rest.work))
+        planned = plan.plan(pairs, rank_of, tokens, landing, priced=(rest.timing, rest.work))
     else:
-        run = plan.run(pairs, rank_of, plan.tokens(pairs, rank_of), landing)
-    if run is not None and plan.cut_by_landing and len(wire) == 1 \
-            and min_run_steps is not None:
-        return _join_landing(plan, run, pairs, rank_of, *wire[0], min_run_steps) or run
-    return run
+        planned = plan.plan(pairs, rank_of, plan.tokens(pairs, rank_of), landing)
+    if planned is None:
+        return None
+    if plan.cut_by_landing and len(wire) == 1 and min_run_steps is not None:
+        joined = _join_landing(plan, planned, pairs, rank_of, *wire[0], min_run_steps)
+        if joined is not None:
+            return joined  # (the cut run is never built)
+    return planned.build()
 
 
-def _join_landing(plan, run: DecodeRun, pairs, rank_of, rank: int, req,
+def _join_landing(plan, run: _Planned, pairs, rank_of, rank: int, req,
                   min_run_steps: int) -> DecodeRun | None:
     """The run, cut where `req`'s prefix KV lands (step L), planned on with req from L,
     as the instance would plan it then (None where it would not, or not as a run).
@@ -113,9 +118,8 @@ def _join_landing(plan, run: DecodeRun, pairs, rank_of, rank: int, req,
     they cost in the run cut there."""
     steps = run.steps
     scheduler = plan.schedulers[rank]
-    if run.prefill is not None or not scheduler.may_join_run(req) \
-            or scheduler.kv.tail_is_shared(req) \
-            or not plan.horizon - run.end > min_run_steps * float(run.timing.duration[-1]):
+    if run.chunks or not scheduler.may_join_run(req) or scheduler.kv.tail_is_shared(req) \
+            or not plan.horizon - run.end > min_run_steps * float(run.timing.duration[steps - 1]):
         return None
     at = sum(1 for r in rank_of if r <= rank)  # after its rank's running requests
     pairs = pairs[:at] + [(scheduler, req)] + pairs[at:]
@@ -123,13 +127,25 @@ def _join_landing(plan, run: DecodeRun, pairs, rank_of, rank: int, req,
     tokens = plan.tokens(pairs, rank_of, join=(at, steps))
     if tokens is None:
         return None
-    joined = plan.run(pairs, rank_of, tokens, np.inf, known=run.timing)
-    return joined if joined is not None and joined.steps > steps else None
+    joined = plan.plan(pairs, rank_of, tokens, np.inf, known=run.timing.head(steps))
+    return joined.build() if joined is not None and joined.steps > steps else None
+
+
+@dataclass(slots=True)
+class _Planned:
+    """A run planned (`_Planner.plan`), not yet built: `build` makes its DecodeRun. A
+    run cut where KV on the wire lands is not built where the run that goes on with the
+    call is (`_join_landing`)."""
+    steps: int  # the steps kept
+    end: float  # when the last of them ends
+    timing: StepTiming  # the steps priced (those kept first)
+    chunks: bool  # some steps carry prefill chunks
+    build: Callable[[], DecodeRun]
 
 
 class _Planner:
     """What `plan_decode_run` plans a run from, and how: its tokens (`plan_tokens`),
-    then blocks, costs and bounds (`run`)."""
+    then blocks, costs and bounds (`plan`)."""
 
     def __init__(self, schedulers, step_index: int, acceptance, config, cost_model,
                  lockstep: bool, now: float, horizon: float, max_steps: int,
@@ -151,8 +167,8 @@ class _Planner:
         return plan_tokens(pairs, rank_of, self.step_index, self.cum, self.config,
                            self.max_steps, join, self.leave)
 
-    def run(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
-            priced=None, known=None) -> DecodeRun | None:
+    def plan(self, pairs, rank_of, tokens: RunTokens | None, landing: float,
+             priced=None, known=None) -> _Planned | None:
         """The run of these tokens: blocks, costs, bounds. `priced`: (timing, work) of
         its steps, from a cut run's rest; `known`: the timing of its first steps (a
         run it continues, `_join_landing`)."""
@@ -223,13 +239,18 @@ class _Planner:
         within = min(within, landed)
         if within < 1:
             return None
-        kv_used = self.used0[None, :] + taken[:k]
-        run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
-                        net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
-                        chunk_end, allocated=int(self.scheduled), land_step=tokens.land_step,
-                        stops=stops)
-        run.truncate(within)
-        return run
+
+        def build() -> DecodeRun:
+            kv_used = self.used0[None, :] + taken[:k]
+            run = DecodeRun(start, timing, work, held[:, : k + 1], new[:, :k], prefill, pairs,
+                            net[:, :k], calls[:, :k], kv_used, finishes, tokens.lands,
+                            chunk_end, allocated=int(self.scheduled),
+                            land_step=tokens.land_step, stops=stops)
+            run.truncate(within)
+            return run
+
+        end = float(times[within - 1] + timing.duration[within - 1])  # (as DecodeRun.end)
+        return _Planned(within, end, timing, prefill is not None, build)
 
 
 def _step_timing(cost_model, lockstep: bool, rows, k: int, now: float, horizon: float,
