@@ -97,3 +97,50 @@ def test_a_last_one_token_chunk_is_not_deferred_off_the_beat():
     assert sizes.tolist() == [0, 0, 382, 0, 0] and last == 5
     sizes, _, last = _chunk_sizes(1, 5, 3, False, 382, 383)  # nobody decodes: no throttle
     assert sizes.tolist() == [382, 1, 0, 0, 0] and last == 1
+
+
+def test_the_token_kernels_fill_rows_as_the_array_formulas_do():
+    """`_as_decodes`, `_prompt_row` and `_sit_out` (numba loops) against the array
+    formulas they replace: decodes gain cum[j] up to their remaining tokens; a prompt's
+    row sits out until `at`, runs its chunks, then decodes from a full prompt; a
+    request that has left computes nothing."""
+    import numpy as np
+
+    from labkit.engine.chunk_run import _as_decodes, _chunk_sizes, _prompt_row, _sit_out
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n, k = int(rng.integers(1, 5)), int(rng.integers(1, 40))
+        cum = np.concatenate([[0], np.cumsum(rng.integers(0, 4, k))])
+        computed, remaining = rng.integers(0, 500, n), rng.integers(1, 3 * k, n)
+        held, new, prefill, done = _as_decodes(computed, remaining, cum, 3)
+        assert (held == computed[:, None] + np.minimum(cum[None, :], remaining[:, None])).all()
+        assert (new == 3).all() and not prefill.any() and new.shape == (n, k)
+        assert (done == cum.searchsorted(remaining, side="left")).all()
+
+        # one row as a prompt joining at `at`, the reference filled as before
+        at = int(rng.integers(0, k))
+        pending, c0, left_out = int(rng.integers(1, 300)), int(computed[0]), int(remaining[0])
+        sizes, before, last = _chunk_sizes(int(rng.integers(0, 9)), k - at, 2, True,
+                                           int(rng.integers(1, 100)), pending)
+        h, w, p = held[0].copy(), new[0].copy(), prefill[0].copy()
+        end = at + last
+        w[:at] = 0
+        h[at : end + 1] = c0 + before[: last + 1]
+        w[at : end + 1] = sizes[: last + 1]
+        p[at : end + 1] = sizes[: last + 1] > 0
+        if end < k:
+            left = cum[end + 1:] - cum[end + 1]
+            h[end + 1:] = c0 + pending + np.minimum(left, left_out - 1)
+            expected = end + 1 + int(np.searchsorted(left, left_out - 1, side="left"))
+        else:
+            expected = k + 1
+        got = _prompt_row(held[0], new[0], prefill[0], cum, at, sizes, before, last, c0,
+                          pending, left_out)
+        assert got == expected
+        assert (held[0] == h).all() and (new[0] == w).all() and (prefill[0] == p).all()
+
+        leaving = rng.integers(0, k + 2, n)
+        ref = new.copy()
+        ref[np.arange(k)[None, :] >= leaving[:, None]] = 0
+        assert (_sit_out(new[:, :k], leaving) == ref).all()

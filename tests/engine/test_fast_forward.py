@@ -256,3 +256,29 @@ def test_a_decode_runs_work_is_its_steps_written_out():
                 got, want = getattr(work, f)[j], getattr(step, f)[0]
                 assert got.dtype == want.dtype and got.tolist() == want.tolist(), (f, j)
         assert work.same_counts
+
+
+def test_the_planners_kernels_match_the_array_formulas():
+    """`_chunk_end` and `_running_sum` (numba loops) against the array formulas they
+    replace: the steps up to the last with a chunk or a request sitting out (not one
+    that has left), and the cumulative sum of the steps' durations, bit for bit."""
+    import numpy as np
+
+    from labkit.engine.run_plan import _chunk_end, _running_sum
+
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n, k = int(rng.integers(1, 5)), int(rng.integers(1, 30))
+        prefill = rng.random((n, k)) < 0.1
+        new = np.where(rng.random((n, k)) < 0.2, 0, 3) * ~prefill + prefill * 7
+        done = rng.integers(0, k + 2, n) if rng.random() < 0.5 else None
+        out = new == 0
+        if done is not None:
+            out &= np.arange(k)[None, :] < done[:, None]
+        busy = (prefill | out).any(axis=0).nonzero()[0]
+        assert _chunk_end(prefill, new, done) == (int(busy[-1]) + 1 if len(busy) else 0)
+
+        durations, now = rng.random(k) * 0.01, float(rng.random() * 1e4)
+        times = np.empty(k + 1)
+        times[0], times[1:] = now, durations
+        assert (_running_sum(now, durations) == times.cumsum()).all()
