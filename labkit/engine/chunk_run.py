@@ -107,10 +107,11 @@ def _run_end(done: np.ndarray, steps: int, leave: bool, busy: int = 0):
     finishing before step `busy` (its leaving would change the chunks of a prompt
     beside it) — or at `steps`; whether its last step finishes a request; `done` if
     one leaves before the end (None if not)."""
-    early = done[done < busy] if leave else done
-    last = int(early.min()) if len(early) else int(done.max())
+    each = done.tolist()  # (a few requests: Python's min and max are the cheaper)
+    early = [d for d in each if d < busy] if leave else each
+    last = min(early) if early else max(each)
     k, finishes = (last, True) if last <= steps else (steps, False)
-    return k, finishes, (done if leave and int(done.min()) < k else None)
+    return k, finishes, (done if leave and min(each) < k else None)
 
 
 def _sit_out(new: np.ndarray, done: np.ndarray | None) -> np.ndarray:
