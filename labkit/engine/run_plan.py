@@ -105,9 +105,9 @@ def plan_decode_run(schedulers, step_index: int, acceptance, config, cost_model,
     return planned.build()
 
 
-def _join_landing(plan, run: _Planned, pairs, rank_of, rank: int, req,
+def _join_landing(plan, cut: _Planned, pairs, rank_of, rank: int, req,
                   min_run_steps: int) -> DecodeRun | None:
-    """The run, cut where `req`'s prefix KV lands (step L), planned on with req from L,
+    """The run `cut` where `req`'s prefix KV lands (step L), planned on with req from L,
     as the instance would plan it then (None where it would not, or not as a run).
 
     At step L the rank takes the landed KV in and, req being its last request, may run
@@ -116,10 +116,10 @@ def _join_landing(plan, run: _Planned, pairs, rank_of, rank: int, req,
     (`min_run_steps`). So the steps planned then are those a run planned now with req
     sitting out until L plans (`plan_tokens`' `join`), and steps before L cost what
     they cost in the run cut there."""
-    steps = run.steps
+    steps = cut.steps
     scheduler = plan.schedulers[rank]
-    if run.chunks or not scheduler.may_join_run(req) or scheduler.kv.tail_is_shared(req) \
-            or not plan.horizon - run.end > min_run_steps * float(run.timing.duration[steps - 1]):
+    if cut.chunks or not scheduler.may_join_run(req) or scheduler.kv.tail_is_shared(req) \
+            or not plan.horizon - cut.end > min_run_steps * float(cut.timing.duration[steps - 1]):
         return None
     at = sum(1 for r in rank_of if r <= rank)  # after its rank's running requests
     pairs = pairs[:at] + [(scheduler, req)] + pairs[at:]
@@ -127,7 +127,7 @@ def _join_landing(plan, run: _Planned, pairs, rank_of, rank: int, req,
     tokens = plan.tokens(pairs, rank_of, join=(at, steps))
     if tokens is None:
         return None
-    joined = plan.plan(pairs, rank_of, tokens, np.inf, known=run.timing.head(steps))
+    joined = plan.plan(pairs, rank_of, tokens, np.inf, known=cut.timing.head(steps))
     return joined.build() if joined is not None and joined.steps > steps else None
 
 
@@ -224,8 +224,8 @@ class _Planner:
             prices_whole = getattr(cost_model, "prices_runs_whole", None)
             known_parts = known
             if prices_whole is not None and prices_whole(self.lockstep, ranks):
-                # (the known steps too: priced again with the rest, they cost what they
-                # cost, as cheaply as their timing and the rest's are joined)
+                # (the known steps too: a step's cost is its row's alone, so priced again
+                # they cost what they cost, for less than joining their timing to the rest's)
                 splits, known_parts = (), None
             # (steps starting once KV on the wire lands are cut too: priced for nothing)
             timing, work = _step_timing(cost_model, self.lockstep, rows, k, self.now,
