@@ -39,6 +39,7 @@ from labkit.engine.events import (
     EventBus, Forked,
 )
 from labkit.engine.kv import batch_play
+from labkit.engine.kv.block_keys import TraceBlockKeys
 from labkit.engine.kv.block_pool import NO_KEY, BlockPool
 from labkit.engine.kv.block_table import EMPTY, NO_MATCH, BlockTable, PrefixHint, PrefixMatch
 
@@ -162,6 +163,12 @@ class KVManager:
         growing fourfold, so a long walk costs a few vectorised probes, a short one
         little more than the blocks it finds."""
         parts, m, chunk = [found], len(found), 16
+        if isinstance(keys, TraceBlockKeys) and m < limit:  # keys made as they are probed
+            blocks, known = self.pool.cached_trace_prefix(keys, m, limit, computed_only)
+            if known:
+                return np.concatenate((found, blocks)) if len(found) else blocks
+            parts.append(blocks)  # the walk goes on by chunks from a key outside the array
+            m += len(blocks)
         while m < limit:
             stop = min(limit, m + chunk)
             blocks = self.pool.cached_prefix(keys.keys(m, stop), computed_only)
