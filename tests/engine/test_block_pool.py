@@ -256,6 +256,13 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
                         assert m == len(lead)
                     else:  # stopped at a key the dict holds, if any: the rest by chunks
                         assert not 0 <= made[m] < len(pool._cached.slot)
+            if held:  # what a request freeing this group would leave as a hint
+                group = held[int(rng.integers(len(held)))]
+                keyed = next((i for i, b in enumerate(group) if ref.key[b] is None),
+                             len(group))
+                blocks, gens = pool.keyed_prefix(np.array(group, dtype=np.int32))
+                assert blocks.tolist() == group[:keyed]
+                assert gens.tolist() == [int(pool.generation[b]) for b in group[:keyed]]
             b = int(rng.integers(n))
             if ref.key[b] is not None:
                 gen = int(pool.generation[b])

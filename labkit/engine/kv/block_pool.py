@@ -236,9 +236,10 @@ class BlockPool:
         """Elementwise: does block[i] still hold keys[i]?"""
         return self.block_key[blocks] == keys
 
-    def keyed_prefix_length(self, blocks: np.ndarray) -> int:
-        """How many leading blocks hold a cache key (only registered blocks do)."""
-        return _keyed_prefix(self.block_key, blocks)
+    def keyed_prefix(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The leading blocks that hold a cache key (only registered blocks do), copied,
+        and their generations: what a request leaves cached, as a hint remembers it."""
+        return _keyed_prefix(self.block_key, self.generation, blocks)
 
 
 _loaded: list = []  # [True] once this process has loaded the compiled loops
@@ -257,7 +258,7 @@ def load_loops() -> None:
     blocks = pool.allocate(3)
     pool.cache_blocks(blocks[:1], np.array([0]))
     pool.cache_blocks(blocks[1:2], np.array([1 << 20]))  # past the key array: it grows
-    pool.keyed_prefix_length(blocks)
+    pool.keyed_prefix(blocks)
     pool.cached_prefix(np.array([0, 1]), computed_only=True)
     _held_trace_prefix(pool._cached.slot, pool.pending, np.zeros(1, np.int64), 1, True, 0,
                        1, True)
@@ -358,12 +359,18 @@ def _register(block_key, pending_mark, slot, blocks, keys, pending: bool):
 
 
 @njit(cache=True)
-def _keyed_prefix(block_key, blocks) -> int:
-    """How many leading blocks hold a key."""
+def _keyed_prefix(block_key, generation, blocks):
+    """(the leading blocks that hold a key, their generations), new arrays."""
+    n = len(blocks)
     for i in range(len(blocks)):
         if block_key[blocks[i]] == NO_KEY:
-            return i
-    return len(blocks)
+            n = i
+            break
+    out, gens = np.empty(n, dtype=blocks.dtype), np.empty(n, dtype=generation.dtype)
+    for i in range(n):
+        out[i] = blocks[i]
+        gens[i] = generation[blocks[i]]
+    return out, gens
 
 
 @njit(cache=True)

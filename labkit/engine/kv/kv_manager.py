@@ -382,10 +382,8 @@ class KVManager:
         if table is None:
             return None
         blocks = table.view()
-        keyed = self.pool.keyed_prefix_length(blocks)
         computed = req.num_computed_tokens
-        hint = PrefixHint(self.rank, blocks[:keyed].copy(),
-                          self.pool.generation[blocks[:keyed]], num_tokens=computed)
+        hint = PrefixHint(self.rank, *self.pool.keyed_prefix(blocks), num_tokens=computed)
         tail_index = computed // self.block_size
         if computed % self.block_size and tail_index < table.n:
             hint.tail = int(blocks[tail_index])
