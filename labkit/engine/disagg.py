@@ -197,7 +197,7 @@ class PDEngine(Arrivals):
     # ------------------------------------------------------------ the flow
     def _route(self, req: Request) -> None:
         """Arrival: the prompt goes to a prefill group (prefix-aware)."""
-        loads = [sum(e.router.load(r) for r in range(len(e.schedulers))) for e in self.prefill]
+        loads = [sum(e.router.loads()) for e in self.prefill]
         if max(loads) - min(loads) > _BALANCE:
             g = loads.index(min(loads))
         else:
@@ -241,7 +241,7 @@ class PDEngine(Arrivals):
         """A decode group's load as its router weighs it, counting the hand-overs on
         their way there as waiting: calls prefilled in one step are all sent before any
         arrives, and would otherwise all pick the same group."""
-        queued = sum(group.router.load(r) for r in range(len(group.schedulers)))
+        queued = sum(group.router.loads())
         return queued + group.router.WAITING_WEIGHT * group.num_pending
 
     def _offer_handoff(self, req: Request, cached: int, now: float) -> PrefixTransfer | None:

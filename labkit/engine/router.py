@@ -44,9 +44,11 @@ class Router:
         flight, cached prefixes), not only queue lengths?"""
         return self.policy in ("least_kv", "least_running_tokens", "prefix_aware")
 
-    def load(self, rank: int) -> int:
-        s = self.schedulers[rank]
-        return self.WAITING_WEIGHT * s.num_waiting + s.num_running
+    def loads(self) -> list[int]:
+        """Each rank's load: waiting requests weighted `WAITING_WEIGHT`, plus running ones
+        (all at once: routing weighs every rank at each arrival)."""
+        w = self.WAITING_WEIGHT
+        return [w * len(s.waiting) + len(s.running) for s in self.schedulers]
 
     def tokens_in_flight(self, rank: int) -> int:
         s = self.schedulers[rank]
@@ -62,7 +64,7 @@ class Router:
             rank = self._next % n
             self._next += 1
         elif self.policy == "least_loaded":
-            scores = [self.load(r) for r in range(n)]
+            scores = self.loads()
             rank = _argmin(scores)
         elif self.policy == "least_kv":
             scores = [self.schedulers[r].kv.pool.num_used for r in range(n)]
@@ -73,7 +75,7 @@ class Router:
         elif self.policy == "session_sticky":
             rank = self._home.get(req.session_id, -1)
             if rank < 0:
-                scores = [self.load(r) for r in range(n)]
+                scores = self.loads()
                 rank = self._home[req.session_id] = _argmin(scores)
         else:
             rank, scores = self._prefix_aware(req)
@@ -82,7 +84,7 @@ class Router:
         return rank
 
     def _prefix_aware(self, req) -> tuple[int, list]:
-        loads = [self.load(r) for r in range(len(self.schedulers))]
+        loads = self.loads()
         if max(loads) - min(loads) > self.BALANCE_THRESHOLD:
             return _argmin(loads), loads
         matched = [s.kv.lookup(req).num_tokens for s in self.schedulers]

@@ -45,7 +45,8 @@ class RemoteFetch:
         """`ranks`: the engine's DP ranks (`build.Ranks`: their KV managers, and
         `lookup(rank, req, now)`, a rank's cache as step-by-step simulation has it at now:
         its fast-forwarded run played up to now where that could change the answer)."""
-        self.ranks, self.placement, self.hardware = ranks, placement, hardware
+        self.ranks, self.hardware = ranks, hardware
+        self.kv_bytes_per_token = placement.kv_bytes_per_token_per_gpu()  # (frozen)
         self.replicas_per_node = max(1, hardware.gpus_per_node // layout.gpus_per_replica)
         self.events = events
         self.on_copy = on_copy  # (src rank, dst rank, src blocks, dst blocks): the bytes
@@ -57,7 +58,7 @@ class RemoteFetch:
         match = self.ranks.lookup(hint.rank, req, now)
         if match.num_tokens <= cached:
             return None
-        nbytes = match.num_tokens * self.placement.kv_bytes_per_token_per_gpu()
+        nbytes = match.num_tokens * self.kv_bytes_per_token
         same_node = hint.rank // self.replicas_per_node == req.rank // self.replicas_per_node
         link = self.hardware.nvlink_bandwidth if same_node else \
             self.hardware.internode_bandwidth

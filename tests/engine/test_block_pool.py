@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from labkit.engine.kv.block_keys import TraceBlockKeys
 from labkit.engine.kv.block_pool import BlockPool
 from labkit.engine.kv.key_index import DIRECT_KEYS
 
@@ -46,6 +47,27 @@ class NaivePool:
             if k not in self.cached:
                 self.cached[k] = b
                 self.key[b] = k
+
+
+def _leading_blocks(ref, marked, keys, computed_only):
+    """The reference's blocks for keys[0], keys[1], ... up to the first not cached (or,
+    computed_only, registered by a step yet to run)."""
+    lead = []
+    for k in keys:
+        b = ref.cached.get(k, -1)
+        if b < 0 or (computed_only and b in marked):
+            break
+        lead.append(b)
+    return lead
+
+
+def _trace_keys_over(order):
+    """Trace keys of each recipe: blocks as large as the trace's (the keys are `order`),
+    half as large (two sub-block keys per id), twice as large (the later id of each
+    pair is the key: `order` again)."""
+    pairs = np.stack([order + 7, order], axis=1).ravel()
+    return [TraceBlockKeys(order, 4, 4), TraceBlockKeys(order, 4, 2),
+            TraceBlockKeys(pairs, 2, 4)]
 
 
 ops = st.lists(
@@ -219,13 +241,28 @@ def test_evicted_keys_are_gone_and_come_back_like_the_reference():
             # a lookup's leading cached blocks, computed ones only or all
             order = key_of[rng.permutation(key_range)[: int(rng.integers(0, key_range + 1))]]
             for computed_only in (False, True):
-                lead = []
-                for k in order.tolist():
-                    b = ref.cached.get(k, -1)
-                    if b < 0 or (computed_only and b in marked):
-                        break
-                    lead.append(b)
+                lead = _leading_blocks(ref, marked, order.tolist(), computed_only)
                 assert pool.cached_prefix(order, computed_only).tolist() == lead
+                # the same walk with each key made as it is probed, from trace ids
+                for keys in _trace_keys_over(order):
+                    start = int(rng.integers(0, keys.num_blocks + 1))
+                    made = keys.keys(start, keys.num_blocks).tolist()
+                    lead = _leading_blocks(ref, marked, made, computed_only)
+                    blocks, known = pool.cached_trace_prefix(keys, start, keys.num_blocks,
+                                                             computed_only)
+                    m = len(blocks)
+                    assert blocks.tolist() == lead[:m]
+                    if known:
+                        assert m == len(lead)
+                    else:  # stopped at a key the dict holds, if any: the rest by chunks
+                        assert not 0 <= made[m] < len(pool._cached.slot)
+            if held:  # what a request freeing this group would leave as a hint
+                group = held[int(rng.integers(len(held)))]
+                keyed = next((i for i, b in enumerate(group) if ref.key[b] is None),
+                             len(group))
+                blocks, gens = pool.keyed_prefix(np.array(group, dtype=np.int32))
+                assert blocks.tolist() == group[:keyed]
+                assert gens.tolist() == [int(pool.generation[b]) for b in group[:keyed]]
             b = int(rng.integers(n))
             if ref.key[b] is not None:
                 gen = int(pool.generation[b])

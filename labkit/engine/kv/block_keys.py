@@ -79,6 +79,11 @@ class TraceBlockKeys:
             return int(self.ids[j // r]) * r + j % r
         return int(self.ids[(j + 1) * r - 1])
 
+    def recipe(self) -> tuple:
+        """(ids, ratio, split): what `_trace_keys` makes the keys from, for compiled
+        loops that compute keys as they go (`BlockPool.cached_trace_prefix`)."""
+        return self.ids, self._ratio, self._split
+
     def keys(self, start: int, stop: int) -> np.ndarray:
         """key(j) for j in [start, stop) (one compiled loop: lookups and registrations
         ask for a handful of keys most of the time, for thousands now and then)."""

@@ -207,6 +207,16 @@ class BlockPool:
             missing |= self.pending[blocks]  # (a -1 is missing already)
         return blocks[: int(np.argmax(missing))] if missing.any() else blocks
 
+    def cached_trace_prefix(self, keys, start: int, stop: int,
+                            computed_only: bool = False) -> tuple[np.ndarray, bool]:
+        """`cached_prefix` of trace keys `keys.key(start) .. keys.key(stop - 1)`, each key
+        made as it is probed (`TraceBlockKeys.recipe`), so a walk stops at the first
+        miss without making the keys after it: (blocks, True), or (the blocks found up
+        to a key outside the key array, False) — the rest is then `cached_prefix`'s."""
+        ids, ratio, split = keys.recipe()
+        return _held_trace_prefix(self._cached.slot, self.pending, ids, ratio, split,
+                                  start, stop, computed_only)
+
     def unchanged(self, blocks, generations):
         """Elementwise: is block[i] still the one handed out at generations[i]? False
         for a block this pool never handed out (one another pool's hint names)."""
@@ -226,9 +236,10 @@ class BlockPool:
         """Elementwise: does block[i] still hold keys[i]?"""
         return self.block_key[blocks] == keys
 
-    def keyed_prefix_length(self, blocks: np.ndarray) -> int:
-        """How many leading blocks hold a cache key (only registered blocks do)."""
-        return _keyed_prefix(self.block_key, blocks)
+    def keyed_prefix(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The leading blocks that hold a cache key (only registered blocks do), copied,
+        and their generations: what a request leaves cached, as a hint remembers it."""
+        return _keyed_prefix(self.block_key, self.generation, blocks)
 
 
 _loaded: list = []  # [True] once this process has loaded the compiled loops
@@ -247,8 +258,10 @@ def load_loops() -> None:
     blocks = pool.allocate(3)
     pool.cache_blocks(blocks[:1], np.array([0]))
     pool.cache_blocks(blocks[1:2], np.array([1 << 20]))  # past the key array: it grows
-    pool.keyed_prefix_length(blocks)
+    pool.keyed_prefix(blocks)
     pool.cached_prefix(np.array([0, 1]), computed_only=True)
+    _held_trace_prefix(pool._cached.slot, pool.pending, np.zeros(1, np.int64), 1, True, 0,
+                       1, True)
     pool.would_take_any(2, blocks[:1])
     pool.free(blocks[::-1])
     pool.touch(blocks[:1])
@@ -346,12 +359,18 @@ def _register(block_key, pending_mark, slot, blocks, keys, pending: bool):
 
 
 @njit(cache=True)
-def _keyed_prefix(block_key, blocks) -> int:
-    """How many leading blocks hold a key."""
+def _keyed_prefix(block_key, generation, blocks):
+    """(the leading blocks that hold a key, their generations), new arrays."""
+    n = len(blocks)
     for i in range(len(blocks)):
         if block_key[blocks[i]] == NO_KEY:
-            return i
-    return len(blocks)
+            n = i
+            break
+    out, gens = np.empty(n, dtype=blocks.dtype), np.empty(n, dtype=generation.dtype)
+    for i in range(n):
+        out[i] = blocks[i]
+        gens[i] = generation[blocks[i]]
+    return out, gens
 
 
 @njit(cache=True)
@@ -367,6 +386,23 @@ def _held_prefix(slot, pending, keys, computed_only: bool):
         if b < 0 or (computed_only and pending[b]):
             return out[:i], True
         out[i] = b
+    return out, True
+
+
+@njit(cache=True)
+def _held_trace_prefix(slot, pending, ids, r: int, split: bool, start: int, stop: int,
+                       computed_only: bool):
+    """`_held_prefix` of trace keys start .. stop - 1, made as `_trace_keys` makes them;
+    on a key outside the array: (the blocks before it, False)."""
+    out = np.empty(max(stop - start, 0), dtype=np.int32)
+    for j in range(start, stop):
+        key = ids[j // r] * r + j % r if split else ids[(j + 1) * r - 1]
+        if key < 0 or key >= len(slot):
+            return out[: j - start], False
+        b = slot[key] - 1
+        if b < 0 or (computed_only and pending[b]):
+            return out[: j - start], True
+        out[j - start] = b
     return out, True
 
 

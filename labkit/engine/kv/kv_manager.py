@@ -39,6 +39,7 @@ from labkit.engine.events import (
     EventBus, Forked,
 )
 from labkit.engine.kv import batch_play
+from labkit.engine.kv.block_keys import TraceBlockKeys
 from labkit.engine.kv.block_pool import NO_KEY, BlockPool
 from labkit.engine.kv.block_table import EMPTY, NO_MATCH, BlockTable, PrefixHint, PrefixMatch
 
@@ -162,6 +163,12 @@ class KVManager:
         growing fourfold, so a long walk costs a few vectorised probes, a short one
         little more than the blocks it finds."""
         parts, m, chunk = [found], len(found), 16
+        if isinstance(keys, TraceBlockKeys) and m < limit:  # keys made as they are probed
+            blocks, known = self.pool.cached_trace_prefix(keys, m, limit, computed_only)
+            if known:
+                return np.concatenate((found, blocks)) if len(found) else blocks
+            parts.append(blocks)  # the walk goes on by chunks from a key outside the array
+            m += len(blocks)
         while m < limit:
             stop = min(limit, m + chunk)
             blocks = self.pool.cached_prefix(keys.keys(m, stop), computed_only)
@@ -375,10 +382,8 @@ class KVManager:
         if table is None:
             return None
         blocks = table.view()
-        keyed = self.pool.keyed_prefix_length(blocks)
         computed = req.num_computed_tokens
-        hint = PrefixHint(self.rank, blocks[:keyed].copy(),
-                          self.pool.generation[blocks[:keyed]], num_tokens=computed)
+        hint = PrefixHint(self.rank, *self.pool.keyed_prefix(blocks), num_tokens=computed)
         tail_index = computed // self.block_size
         if computed % self.block_size and tail_index < table.n:
             hint.tail = int(blocks[tail_index])
