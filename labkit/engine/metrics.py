@@ -104,8 +104,8 @@ class StepRecorder:
         n = self.num_rows
         ints, floats = self._ints[:, :n], self._floats[:, :n]
         order = np.lexsort((ints[2], floats[0]))
-        ints = _gather(ints, order, small_pages.zeros(ints.shape, np.int64))
-        floats = _gather(floats, order, small_pages.zeros(floats.shape, np.float64))
+        ints = _gather(ints, order, np.empty(ints.shape, np.int64))
+        floats = _gather(floats, order, np.empty(floats.shape, np.float64))
         cols = {c: ints[j] for j, c in enumerate(_INT_COLUMNS)}
         cols.update({c: floats[j] for j, c in enumerate(_FLOAT_COLUMNS)})
         cols["kv_usage"] = cols["kv_used_blocks"] / cols.pop("kv_total_blocks")
