@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 COLD_START_SHARE = 0.5  # warn when session openings computed more than this share
@@ -65,11 +66,15 @@ def _cold_share(requests: pd.DataFrame, window: pd.DataFrame) -> float:
     the run: calls whose parent is not one of the run's calls."""
     if not len(window):
         return 0.0
-    known = set(requests["request_id"])
-    opening = ~window["parent_id"].isin(known) | window["parent_id"].isna()
+    known = set(requests["request_id"].tolist())
+    parents = window["parent_id"]
+    # a set's look-ups, one per call (pandas' `isin` on a string column makes an Arrow
+    # scalar of every id first); a missing parent opens a session too
+    opening = np.array([p not in known for p in parents.tolist()], dtype=bool) \
+        | parents.isna().to_numpy()
     tokens = window["computed_prefill_tokens"].to_numpy(dtype=float)
     total = tokens.sum()
-    return float(tokens[opening.to_numpy()].sum() / total) if total else 0.0
+    return float(tokens[opening].sum() / total) if total else 0.0
 
 
 def _warnings(h: dict, summary: dict, unfinished: int, arrived: int, beyond: int,
