@@ -12,7 +12,7 @@ import pytest
 
 from labkit.engine.events import EventBus, StepsCompleted
 from labkit.engine.itl_stats import ITLSamples, TokenGaps
-from labkit.engine.metrics import STEP_COLUMNS, StepRecorder
+from labkit.engine.metrics import STEP_COLUMNS, StepRecorder, _distinct, _pct, _pcts
 
 
 def _event(rng, instance, ranks, first_step, t0):
@@ -184,3 +184,25 @@ def test_token_gaps_read_as_the_list_of_gaps_recorded():
     recorded.extend([])
     recorded.extend([0.125])
     assert list(recorded) == [1.0, 0.5, 0.25, 0.125] and len(recorded) == 4
+
+
+def test_percentiles_taken_together_equal_each_alone():
+    rng = np.random.default_rng(7)
+    for n in [0, 1, 2, 5, 100, 10_001]:
+        values = rng.exponential(0.02, size=n)
+        if n > 2:
+            values[rng.integers(0, n, size=2)] = np.nan
+        qs = (50, 90, 99)
+        got = np.array(_pcts(values, qs))
+        assert got.tobytes() == np.array([_pct(values, q) for q in qs]).tobytes(), n
+    assert np.isnan(_pcts([np.nan], (50, 90))).all()
+
+
+def test_distinct_counts_equal_pandas_nunique():
+    rng = np.random.default_rng(8)
+    columns = [pd.Series(rng.integers(0, 50, 1000)), pd.Series(rng.integers(-7, 3, 99)),
+               pd.Series(rng.integers(0, 2**62, 100)),  # too sparse to count by value
+               pd.Series(np.array([5], dtype=np.uint8)), pd.Series([], dtype=np.int64),
+               pd.Series([1.5, 1.5, np.nan, 2.0]), pd.Series([3, None, 3], dtype="Int64")]
+    for column in columns:
+        assert _distinct(column) == column.nunique()
