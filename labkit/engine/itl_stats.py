@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 
 
 class TokenGaps:
@@ -108,6 +109,76 @@ class ITLSamples:
         else:
             p50, p90 = _linear(ordered, 0.5), _linear(ordered, 0.9)
         return itl.mean(), p50, p90, high
+
+    def all_stats(self) -> tuple[list, list, list, list]:
+        """Every request's `stats`, as four lists (means, P50s, P90s, maxima). The means
+        come from one compiled pass (`_segment_means`); each request's sort stays
+        numpy's (faster than a compiled one). A request whose ITLs include a value that
+        is not finite is left to `stats` (numpy's percentile rules for infinities and
+        NaNs)."""
+        means, finite = _segment_means(self.values, np.asarray(self._bounds, dtype=np.int64))
+        means, finite = means.tolist(), finite.tolist()
+        nan = math.nan
+        p50, p90, high = [nan] * len(means), [nan] * len(means), [nan] * len(means)
+        for i, count in enumerate(self._counts):
+            if not count:
+                continue
+            if not finite[i]:
+                means[i], p50[i], p90[i], high[i] = self.stats(i)
+                continue
+            ordered = np.sort(self.of(i))
+            p50[i], p90[i], high[i] = (_linear(ordered, 0.5), _linear(ordered, 0.9),
+                                       float(ordered[-1]))
+        return means, p50, p90, high
+
+
+@njit(cache=True)
+def _segment_means(values, bounds):
+    """Per segment values[bounds[i]:bounds[i + 1]]: its mean as `ndarray.mean` gives it
+    (NaN when empty), and whether all its values are finite."""
+    n = len(bounds) - 1
+    means = np.full(n, np.nan)
+    finite = np.ones(n, dtype=np.bool_)
+    for i in range(n):
+        lo, count = bounds[i], bounds[i + 1] - bounds[i]
+        if count:
+            means[i] = (0.0 + _pairwise_sum(values, lo, count)) / count
+            finite[i] = np.isfinite(values[lo : lo + count]).all()
+    return means, finite
+
+
+@njit(cache=True)
+def _pairwise_sum(a, lo, n):
+    """The sum of a[lo:lo + n] added as numpy adds a float64 array (`ndarray.mean`'s
+    sum: from 0.0, eight running sums in blocks of up to 128 values, halves above
+    that), so it equals numpy's bit for bit (a test compares them)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        while i < n - (n % 8):
+            r0 += a[lo + i]
+            r1 += a[lo + i + 1]
+            r2 += a[lo + i + 2]
+            r3 += a[lo + i + 3]
+            r4 += a[lo + i + 4]
+            r5 += a[lo + i + 5]
+            r6 += a[lo + i + 6]
+            r7 += a[lo + i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(a, lo, half) + _pairwise_sum(a, lo + half, n - half)
 
 
 def _linear(ordered: np.ndarray, q: float) -> float:

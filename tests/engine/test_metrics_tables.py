@@ -127,18 +127,24 @@ def test_no_steps_gives_the_empty_table():
 
 
 def test_itl_stats_equal_numpy_per_request():
-    # every request's ITL statistics off the one array, against numpy's own calls on
-    # each request's list: lengths 0 to 1000, ties, spreads from us to ks, non-finite
+    # every request's ITL statistics off the one array (one at a time, and all at once:
+    # `all_stats`), against numpy's own calls on each request's list: lengths 0 to
+    # 20000 (numpy sums in blocks of 8 and 128, and halves above), ties, spreads from
+    # us to ks, zeros, non-finite
     rng = np.random.default_rng(0)
     requests = []
-    for n in [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 16, 17, 64, 99, 100, 101, 1000] * 12:
+    lengths = [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 16, 17, 64, 99, 100, 101, 127, 128, 129,
+               136, 255, 256, 257, 1000, 1031, 9000, 20000]
+    for n in lengths * 12:
         itl = rng.exponential(0.02, size=n) * rng.choice([1e-3, 1.0, 1e3])
         if n > 3 and rng.random() < 0.3:  # steps of one length: many equal gaps
             itl = np.round(itl, 3)
         if n > 1 and rng.random() < 0.05:
-            itl[int(rng.integers(0, n))] = rng.choice([np.nan, np.inf, -np.inf])
+            itl[int(rng.integers(0, n))] = rng.choice([np.nan, np.inf, -np.inf, 0.0])
         requests.append(SimpleNamespace(itl=_recorded(itl, rng), gaps=itl))
     samples = ITLSamples(requests)
+    with np.errstate(invalid="ignore"):
+        every = np.array(samples.all_stats(), dtype=float).T
     for i, r in enumerate(requests):
         with np.errstate(invalid="ignore"):  # numpy's warnings on infinite gaps
             got = np.array(samples.stats(i), dtype=float)
@@ -146,6 +152,7 @@ def test_itl_stats_equal_numpy_per_request():
             want = np.array([itl.mean(), *np.percentile(itl, (50, 90)), itl.max()]) \
                 if len(itl) else np.full(4, np.nan)
         assert got.tobytes() == want.tobytes(), (i, len(itl))
+        assert every[i].tobytes() == want.tobytes(), (i, len(itl))
     keep = [bool(k) for k in rng.random(len(requests)) < 0.5]
     want = np.concatenate([r.gaps for r, k in zip(requests, keep) if k])
     assert samples.where(keep).tobytes() == want.tobytes()
