@@ -93,8 +93,13 @@ class ITLSamples:
         return self.values[self._bounds[i]:self._bounds[i + 1]]
 
     def where(self, keep: list[bool]) -> np.ndarray:
-        """The ITLs of the requests kept, one after another."""
-        return self.values[np.repeat(np.asarray(keep, dtype=bool), self._counts)]
+        """The ITLs of the requests kept, one after another: each run of consecutive
+        requests kept is one slice of the values (no mask over every sample)."""
+        kept = np.concatenate(([0], np.asarray(keep, dtype=np.int8), [0]))
+        edges = np.flatnonzero(np.diff(kept)).tolist()  # where each run starts and ends
+        bounds = self._bounds
+        runs = [self.values[bounds[a]:bounds[b]] for a, b in zip(edges[0::2], edges[1::2])]
+        return np.concatenate(runs) if runs else np.empty(0)
 
     def stats(self, i: int) -> tuple[float, float, float, float]:
         """Request i's ITL mean, P50, P90 and maximum (NaN when it has none), as
