@@ -111,6 +111,11 @@ RAY_START_ATTEMPTS = 2
 
 
 def _start_ray(ray, address: str | None, jobs: int) -> None:
+    """Join the cluster at `address`, or start a local one of `jobs` CPUs."""
+    # no usage report from a sweep (and this machine may have no network); on a busy
+    # machine Ray's agents can take longer than the 30 s the raylet waits by default
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
     if address is not None:
         ray.init(address=address, log_to_driver=False)
         return
@@ -133,10 +138,6 @@ def _start_ray(ray, address: str | None, jobs: int) -> None:
 def _run_ray(fn, args, jobs, address):
     import ray
 
-    # no usage report from a sweep (and this machine may have no network); on a busy
-    # machine Ray's agents can take longer than the 30 s the raylet waits by default
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
     started = not ray.is_initialized()
     if started:
         _start_ray(ray, address, jobs)
