@@ -239,7 +239,8 @@ class Engine(Arrivals):
         if total > self.max_model_len:
             raise ConfigError(
                 f"request {request_id}: {input_tokens} + {output_tokens} tokens exceed "
-                f"max_model_len={self.max_model_len} of {self.model.name}"
+                f"max_model_len={self.max_model_len} of {self.model.name}; raise "
+                f"max_model_len or skip such calls (on_oversize='skip')"
             )
         if not self.config.enable_chunked_prefill and \
                 input_tokens > self.config.max_num_batched_tokens:

@@ -161,6 +161,23 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
     return row
 
 
+def check_model_len(trace, model, knobs: dict | None = None) -> None:
+    """Refuse, before anything runs, a trace with a call longer than max_model_len:
+    every point would be refused for it (what else can refuse a call, its KV against a
+    rank's, depends on the layout: each point checks that)."""
+    from labkit.specs import get_model
+
+    spec = get_model(model)
+    limit = (knobs or {}).get("max_model_len") or spec.max_model_len
+    trace = _load(os.fspath(trace)) if isinstance(trace, (str, os.PathLike)) else trace
+    for tr in trace.requests:
+        if tr.input_length + tr.output_length > limit:
+            raise ConfigError(
+                f"request {tr.request_id}: {tr.input_length} + {tr.output_length} tokens "
+                f"exceed max_model_len={limit} of {spec.name}, for every configuration: "
+                f"raise it (--max-model-len) or skip such calls (--on-oversize skip)")
+
+
 @functools.lru_cache(maxsize=4)
 def _load(path: str):
     from labkit.traces import load_trace
@@ -208,6 +225,8 @@ def plan(trace, model, hardware="h200", gpus: int = 8, slo="ttft=2,tpot=0.05",
                          pd_layouts, knobs)
     if not space:
         raise ConfigError(f"no layout of {model} on {hardware} fits in {gpus} GPUs")
+    if on_oversize == "error":
+        check_model_len(trace, model, knobs)
     warmup = _warmup(duration_s, warmup_s)
     tasks = [(asdict(d), trace, model, hardware, duration_s, warmup, slo, on_oversize, knobs,
               gpu_hour_usd) for d in space]

@@ -112,12 +112,23 @@ def run_plan_command(args) -> int:
         print(f"{len(result.results)} configurations simulated ({failed} refused by the "
               f"engine); {len(result.best)} meet the SLOs ({args.slo}, attainment >= "
               f"{args.min_attainment:g})")
+        _print_refusals(result.results)
         if len(result.best):
             print("\nbest, by goodput per GPU:")
             print(result.best[shown].head(args.top).to_string(index=False))
         print("\nthroughput per GPU vs interactivity frontier:")
-        print(result.frontier[shown].to_string(index=False))
+        print(result.frontier[shown].to_string(index=False) if len(result.frontier)
+              else "  (empty: no configuration ran)")
     return 0 if len(result.best) else 1
+
+
+def _print_refusals(results: pd.DataFrame, shown: int = 5) -> None:
+    """Why points were refused: the commonest reasons, with their counts."""
+    reasons = results.loc[results["status"] != "ok", "error"].value_counts()
+    for reason, count in reasons.head(shown).items():
+        print(f"  refused {count}x: {reason}")
+    if len(reasons) > shown:
+        print(f"  ... and {len(reasons) - shown} other reasons (plan.parquet's error column)")
 
 
 def _texts(text: str | None) -> list[str] | None:

@@ -4,6 +4,7 @@ exit codes and refusals."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ from labkit.engine import Engine
 from labkit.engine.disagg import PDEngine
 from labkit.experiments.frontier import pareto_mask
 from labkit.experiments.plan import plan, search_space
+from labkit import Trace
+from labkit.traces import TraceRequest
 from labkit.traces.io import write_trace
 from tests.support import small_agentx
 
@@ -145,3 +148,26 @@ def test_a_price_gives_each_configuration_its_cost_per_million_tokens(trace, cap
     assert "usd_per_m_tokens" not in capsys.readouterr().out
     main([*argv, "--gpu-hour-usd", str(price)])
     assert "usd_per_m_tokens" in capsys.readouterr().out
+
+
+def test_a_refused_configuration_says_why(tmp_path, capsys):
+    """Points the engine refuses (here a call longer than any layout's KV within two
+    L40S) are printed with their reasons, counted; a call longer than max_model_len is
+    refused before anything runs, since every point would be."""
+    n = 900_000
+    trace = Trace(64, [TraceRequest("A", "huge", None, "main", 0.0, n, 10,
+                                    list(range(-(-n // 64))))])
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, path)
+    argv = ["plan", "--trace", str(path), "--model", MODEL, "--hardware", "l40s", "--gpus", "2",
+            "--slo", "ttft=1", "--duration-s", "5", "--no-progress"]
+    assert main([*argv, "--max-model-len", "1000000"]) == 1
+    out = capsys.readouterr().out
+    refusals = re.findall(r"refused (\d+)x: request huge needs \d+ KV blocks", out)
+    failed = int(re.search(r"configurations simulated \((\d+) refused", out).group(1))
+    assert refusals and sum(map(int, refusals)) == failed > 0
+    assert "(empty: no configuration ran)" in out
+    assert main(argv) == 2  # the model's own max_model_len (131072): no point could run it
+    err = capsys.readouterr().err
+    assert f"request huge: {n} + 10 tokens exceed max_model_len=131072 of {MODEL}, for every " \
+           f"configuration" in err
