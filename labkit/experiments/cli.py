@@ -98,13 +98,15 @@ def run_sweep_command(args) -> int:
     failed = int((results["status"] != "ok").sum())
     total = len(results)
     where = f"{args.sweep_out}/results.parquet"
+    kept = results.attrs.get("kept", 0)
+    kept = f"; {kept} kept as they were, {total - kept} run now" if kept else ""
     if failed:
         names = list(results.loc[results["status"] != "ok", "run"])
         shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if failed > 5 else "")
-        print(f"labkit sweep: {failed} of {total} runs failed ({shown}); results in {where}",
-              file=sys.stderr)
+        print(f"labkit sweep: {failed} of {total} runs failed ({shown}{kept}); results in "
+              f"{where}", file=sys.stderr)
         return 1
-    print(f"{total} run{'s' if total != 1 else ''} ok; results in {where}")
+    print(f"{total} run{'s' if total != 1 else ''} ok{kept}; results in {where}")
     return 0
 
 

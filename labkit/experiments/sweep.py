@@ -353,7 +353,8 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     printed to `log` (default stderr) as they happen and kept in the table.
     `executor`: "local" (`jobs` worker processes) or "ray" (Ray tasks on the cluster at
     `ray_address`, else on a local Ray cluster of `jobs` CPUs); see `executors.py`.
-    `resume`: keep the points OUT already holds complete, run the others (`resume.py`).
+    `resume`: keep the points OUT already holds complete, run the others (`resume.py`);
+    how many were kept is the table's ``attrs["kept"]``.
 
     Ctrl-C (KeyboardInterrupt) stops the runs in progress, removes their folders,
     writes the table of the runs that finished and raises `SweepInterrupted`."""
@@ -368,6 +369,7 @@ def run_sweep(notebook: str | os.PathLike, parameters: dict[str, list],
     outcomes = _execute(plan, todo, jobs, progress, timeout, log, executor, ray_address, kept)
     frame = collect_results(plan, outcomes)
     write_parquet_atomic(frame, plan.out / RESULTS_FILE)
+    frame.attrs["kept"] = len(kept)  # (points --resume kept as they were; not in the file)
     if None in outcomes:
         for name, outcome in zip(plan.names, outcomes):
             if outcome is None:  # started or not, it did not finish: no half-run folder

@@ -36,7 +36,9 @@ def test_resume_reruns_only_the_lost_and_the_failed_points(tmp_path, capsys):
     assert sweep(argv) == 2  # without --resume, the folder is refused
     assert "already holds files" in capsys.readouterr().err
     assert sweep([*argv, "--resume"]) == 1  # x=3 fails again
-    assert "run 01_x=3 failed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "run 01_x=3 failed" in err
+    assert "1 of 3 runs failed (01_x=3; 1 kept as they were, 2 run now)" in err
     assert files(out / "00_x=1") == kept  # untouched: same inodes, same mtimes
     assert files(out / "01_x=3")["notebook.ipynb"] != failed_before["notebook.ipynb"]
     assert json.loads((lost / "summary.json").read_text())["double"] == 8
@@ -56,7 +58,7 @@ def test_a_killed_run_without_its_marker_runs_again(tmp_path):
     (out / "01_x=4" / "run.json").unlink()  # as if killed before the sweep marked it
     before = files(out / "00_x=1")
     frame = run_sweep(notebook, {"x": [1, 4]}, out, resume=True)
-    assert frame["status"].tolist() == ["ok", "ok"]
+    assert frame["status"].tolist() == ["ok", "ok"] and frame.attrs["kept"] == 1
     assert files(out / "00_x=1") == before
     assert (out / "01_x=4" / "run.json").is_file()
 
