@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import math
 import os
+import select
 import sys
 import types
 import typing
@@ -241,40 +242,63 @@ def main(argv: list[str] | None = None) -> int:
         return run_lab(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "trace":
-            return _trace(args)
-        if args.command == "replay":
-            return _replay(args)
-        if args.command == "capacity":
-            return _capacity(args)
-        if args.command == "sweep":
-            from labkit.experiments.cli import run_sweep_command
-
-            return run_sweep_command(args)
-        if args.command == "pd":
-            from labkit.experiments.pd_cli import run_pd_command
-
-            return run_pd_command(args, knobs_from_args(args))
-        if args.command == "plan":
-            from labkit.experiments.plan_cli import run_plan_command
-
-            return run_plan_command(args)
-        if args.command == "validate":
-            from labkit.validate.cli import run as run_validate
-
-            return run_validate(args)
-        if args.command == "bench":
-            from labkit.bench import run_bench
-
-            return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
-                             breakdown=args.breakdown, against=args.against,
-                             repeat=args.repeat)
+        code = _run(args)
+        sys.stdout.flush()  # (a reader gone away shows here, not as Python exits)
+        return code
+    except BrokenPipeError as err:
+        if _stdout_gone():  # `labkit ... | head`: stop quietly, as Unix tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141  # (128 + SIGPIPE: what a shell reports for such a tool)
+        print(f"labkit: error: {err}", file=sys.stderr)  # another pipe: a real error
+        return 2
     except (ConfigError, TraceError, OSError) as err:
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: nothing half-written was left (labkit.outputs)
         print("labkit: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_gone() -> bool:
+    """Has the reader of our standard output gone away (a pipe's read end closed)?"""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real stdout
+        return False
+
+
+def _run(args) -> int:
+    """The subcommand's exit status."""
+    if args.command == "trace":
+        return _trace(args)
+    if args.command == "replay":
+        return _replay(args)
+    if args.command == "capacity":
+        return _capacity(args)
+    if args.command == "sweep":
+        from labkit.experiments.cli import run_sweep_command
+
+        return run_sweep_command(args)
+    if args.command == "pd":
+        from labkit.experiments.pd_cli import run_pd_command
+
+        return run_pd_command(args, knobs_from_args(args))
+    if args.command == "plan":
+        from labkit.experiments.plan_cli import run_plan_command
+
+        return run_plan_command(args)
+    if args.command == "validate":
+        from labkit.validate.cli import run as run_validate
+
+        return run_validate(args)
+    if args.command == "bench":
+        from labkit.bench import run_bench
+
+        return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
+                         breakdown=args.breakdown, against=args.against,
+                         repeat=args.repeat)
     return 0
 
 

@@ -266,3 +266,13 @@ def test_bench_against_only_for_sim_and_not_with_breakdown(capsys):
     assert code == 2 and "--against applies to `labkit bench sim` only" in err
     code, _, err = run(capsys, "bench", "sim", "--against", "HEAD", "--breakdown")
     assert code == 2 and "give one" in err
+
+
+def test_a_reader_gone_away_stops_the_command_quietly(trace_file):
+    """`labkit ... | head`: the pipe's reader closes it; the command stops without an
+    error message, as Unix tools do (exit 141, 128 + SIGPIPE)."""
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "trace", "stats", str(trace_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == ""
