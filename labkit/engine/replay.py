@@ -70,6 +70,7 @@ class TraceFeeder:
         self._session_of: dict[str, str] = {}  # engine id -> session key
         self._open_calls: dict[str, int] = {}  # session key -> calls not yet finished
         self._hints: dict[str, dict] = {}  # session key -> {finished engine id: hint}
+        self._children_left: dict[str, int] = {}  # engine id -> its calls not yet released
         self.oversized = oversized or {}  # trace request id -> why it can never run
         self.ledger = SessionLedger()
         self.skipped_rows: list[dict] = []
@@ -95,6 +96,10 @@ class TraceFeeder:
                     _engine_id(tr.parent_id, epoch), tr, skips[tr.request_id]))
         live = [tr for tr in live if tr.request_id not in skips]
         live_ids = {tr.request_id for tr in live}
+        for tr in live:
+            if tr.parent_id in live_ids:
+                parent = _engine_id(tr.parent_id, epoch)
+                self._children_left[parent] = self._children_left.get(parent, 0) + 1
         self.calls_skipped += len(session) - len(live)
         self._open_calls[key] = len(live)
         self._hints[key] = {}
@@ -141,8 +146,20 @@ class TraceFeeder:
             req.keys = self._keys(tr, epoch)
             req.forked_tokens = min(self.trace.fork_tokens(tr), tr.input_length - 1)
         if parent is not None:
-            req.prefix_hint = self._hints[key].get(parent)
+            req.prefix_hint = self._inherit(key, parent)
         self.engine.submit(req, at=max(at, self.engine.now))
+
+    def _inherit(self, key: str, parent: str):
+        """The hint `parent` left (None if none), for one of its calls. A hint is read
+        by nothing else, so the last of them takes it out: a session keeps only the
+        hints some call of it will still inherit (each holds its whole prefix's blocks:
+        kept for every finished call, they grew by ~0.1 MB per simulated second on
+        `labkit bench sim`'s fast workload)."""
+        left = self._children_left.pop(parent, 0) - 1
+        if left > 0:
+            self._children_left[parent] = left
+            return self._hints[key].get(parent)
+        return self._hints[key].pop(parent, None)
 
     def _real_tokens(self, req: Request, tr, epoch: int, parent: str | None) -> None:
         """Compute plane: the prompt's token ids. A call that continues another re-sends
@@ -181,7 +198,8 @@ class TraceFeeder:
         if key is None:
             return  # not one of ours
         self.calls_finished += 1
-        self._hints[key][req.request_id] = req.prefix_hint
+        if self._children_left.get(req.request_id, 0) > 0:  # (else none will read it)
+            self._hints[key][req.request_id] = req.prefix_hint
         req.prefix_hint = None
         for dep in self._dependents.pop(req.request_id, []):
             state = self._waiting[dep]

@@ -150,3 +150,35 @@ def test_mooncake_open_loop_arrives_at_timestamps(mooncake_path):
     assert np.allclose([req.loc[i, "arrival_s"] for i in stamps], list(stamps.values()))
     assert result.requests["completed"].all()
     assert result.summary["sim_duration_s"] >= max(stamps.values())
+
+
+def test_a_session_keeps_only_the_hints_its_calls_will_inherit():
+    """A finished call leaves a prefix hint (its whole prefix's blocks) for the calls
+    that continue it — the next main call, the subagents it forks. Each of those gets
+    it; once the last has, the session lets it go (kept for every finished call, they
+    piled up for the whole session)."""
+    from labkit.engine.replay import start_replay
+
+    trace = small_agentx(6, seed=4)
+    children = pd.Series([r.parent_id for r in trace.requests]).value_counts()
+    assert (children > 1).any()  # some call is continued by more than one
+    engine = Engine("tiny-llama", "dp2", "h200", block_size=16, max_model_len=1 << 20)
+    run = start_replay(engine, trace, concurrency=3, duration_s=120)
+    feeder, submit, inherited, looks = run.feeder, engine.submit, [], [0]
+
+    def spy(req, at):
+        inherited.append((req.parent_id, req.prefix_hint))
+        return submit(req, at=at)
+
+    def look(req, t):  # after the feeder's own callback
+        for hints in feeder._hints.values():
+            for eid in hints:
+                assert feeder._children_left.get(eid, 0) > 0, f"{eid}'s hint is kept for nobody"
+        looks[0] += 1
+
+    engine.submit = spy
+    engine.finish_callbacks.append(look)
+    run.finish(False)
+    continued = [hint for parent, hint in inherited if parent is not None]
+    assert looks[0] > 20 and len(continued) > 20
+    assert all(hint is not None for hint in continued)  # every one got its parent's
