@@ -174,9 +174,12 @@ class Trace:
         blocks, and a prompt at least input + output long). Unknown positions are
         -1. The last block, if partial, gets the id of the successor's block at
         that position -- fuller than ours; engines only cache full blocks.
+        Where all are known, a read-only view of the successor's ids.
         """
         n_ctx = -(-(req.input_length + req.output_length) // self.block_size)
         known = self.known_context_ids(req)
+        if len(known) == n_ctx:
+            return known
         return np.concatenate([known, np.full(n_ctx - len(known), -1, dtype=np.int64)])
 
     def known_context_ids(self, req: TraceRequest) -> np.ndarray:
@@ -189,7 +192,12 @@ class Trace:
         if (nxt is not None
                 and nxt.input_length >= req.input_length + req.output_length
                 and np.array_equal(nxt.hash_ids[:n_full_in], req.hash_ids[:n_full_in])):
-            return np.concatenate([req.hash_ids[:n_full_in], nxt.hash_ids[n_full_in:n_ctx]])
+            # req's full input blocks (equal to nxt's there), then nxt's: nxt's first
+            # n_ctx ids, as a view (a replay keeps one per call: copies cost ~35 KB
+            # per simulated second on `labkit bench sim`'s fast workload)
+            known = nxt.hash_ids[:n_ctx]
+            known.flags.writeable = False
+            return known
         return req.hash_ids[:n_full_in].copy()
 
     def fork_tokens(self, req: TraceRequest) -> int:

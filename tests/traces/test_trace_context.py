@@ -67,6 +67,11 @@ def test_context_ids(trace):
         assert ctx.dtype == np.int64
         assert len(ctx) == -(-(r.input_length + r.output_length) // BS)
         assert ctx.tolist() == naive_context(trace.requests, r, BS)
+    # all known: the successor's own ids, shared (a replay keeps one per call), read-only
+    m0, m1 = trace.request("m0"), trace.request("m1")
+    ctx = trace.context_ids(m0)
+    assert np.shares_memory(ctx, m1.hash_ids) and not ctx.flags.writeable
+    assert not np.shares_memory(trace.context_ids(m1), m1.hash_ids)  # -1s appended: a copy
 
 
 def test_fork_tokens(trace):
