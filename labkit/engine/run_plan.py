@@ -350,10 +350,11 @@ def _window_slides(pairs, computed: np.ndarray) -> np.ndarray | None:
     """(n, k) logical blocks whose window pages request i frees when step j starts
     (`computed[i, j]` tokens by then); None if a window page is shared, as then
     freeing it may not return it to the pool."""
-    window = pairs[0][0].kv.window
-    tables = [window.tables[r.request_id] for _, r in pairs]
-    if any((window.pool.ref_count[t.live()] > 1).any() for t in tables):
+    windows = [s.kv.window for s, _ in pairs]  # each request's rank's own
+    tables = [w.tables[r.request_id] for w, (_, r) in zip(windows, pairs)]
+    if any((w.pool.ref_count[t.live()] > 1).any() for w, t in zip(windows, tables)):
         return None
+    window = windows[0]  # (every rank's has the same window and page size)
     live = np.array([t.first_live for t in tables], dtype=np.int64)[:, None]
     first = np.maximum(np.maximum(0, computed - window.window + 1) // window.block_size, live)
     return np.diff(np.concatenate([live, first], axis=1), axis=1)

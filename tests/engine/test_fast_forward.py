@@ -30,6 +30,8 @@ CONFIGS = {
                            acceptance_length=2.5),
     "sliding window, tight KV": dict(model="tiny-gpt-oss", layout="dp2",
                                      num_gpu_blocks_override=1500, max_num_seqs=8),
+    # one run over the ranks of a lockstep instance, each with its own window pages
+    "sliding window, dep4 lockstep": dict(model="tiny-gpt-oss", layout="dep4"),
 }
 
 
