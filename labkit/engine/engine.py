@@ -306,7 +306,7 @@ class Engine(Arrivals):
 
     def _drop_stale_timers(self) -> None:
         while self._timers and self._timers[0][1] == _COMMIT and \
-                self._timers[0][4] != self._timers[0][3].plan_version:
+                self._timers[0][5] != self._timers[0][4].plan_version:
             heapq.heappop(self._timers)  # that plan was cut short and rescheduled
 
     def _process_next(self):
@@ -329,7 +329,7 @@ class Engine(Arrivals):
             self.now = t
             self._arrive(arrival[2])
             return _ARRIVAL
-        t, kind, _, instance, _ = timer
+        t, kind, _, _, instance, _ = timer
         if t >= self.stop_s:
             return None
         heapq.heappop(self._timers)
@@ -341,8 +341,13 @@ class Engine(Arrivals):
         return kind
 
     def _push_timer(self, t: float, kind: int, instance: Instance) -> None:
+        """Instances' events at the same time go in instance order: not in the order
+        they were scheduled, which differs between a run fast-forwarded and stepped (two
+        ranks ending the same work at the same float time, a call arriving as one of them
+        finishes, saw the other's call still running in one and finished in the other)."""
         self._seq += 1
-        heapq.heappush(self._timers, (t, kind, self._seq, instance, instance.plan_version))
+        heapq.heappush(self._timers, (t, kind, instance.index, self._seq, instance,
+                                      instance.plan_version))
 
     def _arrive(self, req: Request) -> None:
         if self.events.wants(RequestArrived):
