@@ -183,7 +183,7 @@ class PDEngine(Arrivals):
                 self._route(heapq.heappop(self._arrivals)[2])
                 continue
             if engine == "landing":
-                self._release_prefill(heapq.heappop(self._landings)[2])
+                self._release_prefill(heapq.heappop(self._landings)[2], t)
                 continue
             engine.stop_s = self.stop_s
             if engine.process_event() == "commit":
@@ -253,7 +253,7 @@ class PDEngine(Arrivals):
         # `_update_waiting_for_remote_kv` takes one token off a fully loaded prompt)
         tokens = min(shadow.num_prompt_tokens, req.num_prompt_tokens - 1)
         if tokens <= cached:  # the decode group caches it all already
-            self._release_prefill(req.request_id)
+            self._release_prefill(req.request_id, now)
             return None
         prefill = self._prefill_of[req.request_id]
         decode = self._decode_of[req.request_id]
@@ -302,12 +302,13 @@ class PDEngine(Arrivals):
                 if r.transfer == req.request_id]
         decode.outbox.send(ImportKV(req.rank, req.request_id, dst, sent[-1].payload, state))
 
-    def _release_prefill(self, request_id: str) -> None:
+    def _release_prefill(self, request_id: str, now: float) -> None:
         shadow = self._shadow.pop(request_id, None)
         if shadow is not None:
             engine = self._prefill_of.pop(request_id)
             engine.schedulers[shadow.rank].kv.free(shadow)
             engine.release(request_id)  # its per-request state on the data plane, if any
+            engine.kv_released(shadow.rank, now)
             self._prefilled_calls[request_id] = shadow
 
     def _decoded(self, req: Request, t: float) -> None:

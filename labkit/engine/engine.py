@@ -124,6 +124,7 @@ class Engine(Arrivals):
         self.stop_s = math.inf
         self._timers: list = []
         self._waking: dict[int, float] = {}  # instance -> time of its pending plan event
+        self._held_up: set[int] = set()  # instances waiting for KV held for others to free
         self.requests: dict[str, Request] = {}
         self.finish_callbacks: list[Callable[[Request, float], None]] = []
 
@@ -135,6 +136,16 @@ class Engine(Arrivals):
         req = event.request
         if not self.schedulers[req.rank].hold_kv_on_finish:
             self.outbox.release(req.request_id)
+
+    def kv_released(self, rank: int, now: float) -> None:
+        """KV held for others (a P/D prefill's, until its hand-over lands) was freed on
+        `rank` at `now`: its instance, if its waiting requests found no room, plans again
+        then (vLLM's prefill side waits for the decode side's reads as well)."""
+        instance = self._instance_of[rank]
+        if instance.index in self._held_up:  # (idle since: no plan, no plan event)
+            self._held_up.discard(instance.index)
+            self._waking[instance.index] = now
+            self._push_timer(now, _PLAN, instance)
 
     def release(self, request_id: str) -> None:
         """The data plane may drop a request's per-request state (with the next step)."""
@@ -377,6 +388,7 @@ class Engine(Arrivals):
 
     def _plan(self, instance: Instance) -> None:
         self._waking.pop(instance.index, None)
+        self._held_up.discard(instance.index)
         if instance.plan is not None:
             return
         # A run may go past the next arrival: the arrival cuts it only if it joins this
@@ -388,6 +400,9 @@ class Engine(Arrivals):
             self._push_timer(plan.end, _COMMIT, instance)
         elif instance.has_work():
             ready = instance.next_ready_s()
+            if ready is None and instance.holds_kv_for_others():
+                self._held_up.add(instance.index)  # `kv_released` wakes it
+                return
             if ready is None:
                 raise RuntimeError(f"instance {instance.index}: requests wait but none can be "
                                    f"scheduled (KV cache too small for them?)")

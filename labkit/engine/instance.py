@@ -88,6 +88,12 @@ class Instance:
     def has_work(self) -> bool:
         return any(s.has_work() for s in self.schedulers)
 
+    def holds_kv_for_others(self) -> bool:
+        """Do finished calls hold KV here until someone takes it (a P/D prefill group's
+        hand-overs)? Then waiting requests short of room will get it."""
+        return any(s.hold_kv_on_finish and len(s.kv.tables) > len(s.running)
+                   for s in self.schedulers)
+
     @property
     def min_step_s(self) -> float:
         return self.data_plane.min_step_s

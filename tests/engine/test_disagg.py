@@ -194,3 +194,26 @@ def test_a_hybrid_models_prefill_stops_a_token_short_and_decode_computes_it():
     calls = [(r, plain.requests[r.request_id]) for e in plain.prefill
              for r in e.requests.values()]
     assert calls and all(s.num_prompt_tokens == r.num_prompt_tokens for s, r in calls)
+
+
+def test_a_prefill_group_short_of_room_waits_for_its_hand_overs_to_land():
+    """A prefill group holds each finished prompt's KV until the decode side has read it.
+    When those held blocks leave no room for the next prompt and nothing runs, the
+    group waits — it is not stuck: a landing frees blocks and it goes on then, as
+    vLLM's prefill side does (this raised "requests wait but none can be scheduled"
+    on gpt-oss-120b tp1:tp1 behind a busy decode group; found by fuzzing)."""
+    engine = Engine("tiny-llama", "tp1", "h200", block_size=16, num_gpu_blocks_override=100,
+                    hold_kv_on_finish=True)
+    def prompt(first: int):  # 700 tokens, 44 blocks: no two share a block
+        return [first] + [(first * 7 + j) % 500 + 1 for j in range(699)]
+
+    held = [engine.submit_prompt(prompt(i), 1) for i in (0, 1)]
+    waiting = engine.submit_prompt(prompt(2), 1)  # 44 blocks, 12 left
+    engine.run_until()
+    assert all(r.finish_s is not None for r in held) and waiting.finish_s is None
+    assert len(engine.schedulers[0].waiting) == 1 and not engine.schedulers[0].running
+    landed = held[0].finish_s + 0.5  # the decode side has read the first one
+    engine.schedulers[0].kv.free(held[0])
+    engine.kv_released(0, landed)
+    engine.run_until()
+    assert waiting.finish_s is not None and waiting.first_scheduled_s == landed
