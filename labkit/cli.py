@@ -303,10 +303,8 @@ def _run(args) -> int:
 
 
 def _trace(args) -> int:
-    from labkit.outputs import strict_json
+    from labkit.outputs import check_regular_target, strict_json
     from labkit.traces import generate_agentx_trace, load_trace, trace_stats, write_trace
-
-    from labkit.outputs import check_regular_target
 
     if args.trace_command == "convert":
         check_regular_target(args.output, "OUTPUT")  # before reading: a device stays as it is
