@@ -56,6 +56,15 @@ _ARRIVAL, _COMMIT, _PLAN = 0, 1, 2
 EVENT_KINDS = ("arrival", "commit", "plan")
 
 
+def check_model_len(request_id: str, input_tokens: int, output_tokens: int, limit: int,
+                    model_name: str, advice: str) -> None:
+    """Raise ConfigError if a call is longer than max_model_len (`limit`): the message
+    names it, then gives `advice` (what the caller can do about it)."""
+    if input_tokens + output_tokens > limit:
+        raise ConfigError(f"request {request_id}: {input_tokens} + {output_tokens} tokens "
+                          f"exceed max_model_len={limit} of {model_name}{advice}")
+
+
 class Engine(Arrivals):
     def __init__(self, model="llama-3.1-8b", layout="tp1", hardware="h200",
                  backend: str = "sim", cost_model=None, *, device: str | None = None,
@@ -247,12 +256,9 @@ class Engine(Arrivals):
     def check_fits(self, request_id: str, input_tokens: int, output_tokens: int) -> None:
         """Raise ConfigError if a request could never run on one DP rank."""
         total = input_tokens + output_tokens
-        if total > self.max_model_len:
-            raise ConfigError(
-                f"request {request_id}: {input_tokens} + {output_tokens} tokens exceed "
-                f"max_model_len={self.max_model_len} of {self.model.name}; raise "
-                f"max_model_len or skip such calls (on_oversize='skip')"
-            )
+        check_model_len(request_id, input_tokens, output_tokens, self.max_model_len,
+                        self.model.name, "; raise max_model_len or skip such calls "
+                                         "(on_oversize='skip')")
         if not self.config.enable_chunked_prefill and \
                 input_tokens > self.config.max_num_batched_tokens:
             raise ConfigError(

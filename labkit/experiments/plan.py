@@ -165,17 +165,16 @@ def check_model_len(trace, model, knobs: dict | None = None) -> None:
     """Refuse, before anything runs, a trace with a call longer than max_model_len:
     every point would be refused for it (what else can refuse a call, its KV against a
     rank's, depends on the layout: each point checks that)."""
+    from labkit.engine.engine import check_model_len as check_call
     from labkit.specs import get_model
 
     spec = get_model(model)
     limit = (knobs or {}).get("max_model_len") or spec.max_model_len
     trace = _load(os.fspath(trace)) if isinstance(trace, (str, os.PathLike)) else trace
     for tr in trace.requests:
-        if tr.input_length + tr.output_length > limit:
-            raise ConfigError(
-                f"request {tr.request_id}: {tr.input_length} + {tr.output_length} tokens "
-                f"exceed max_model_len={limit} of {spec.name}, for every configuration: "
-                f"raise it (--max-model-len) or skip such calls (--on-oversize skip)")
+        check_call(tr.request_id, tr.input_length, tr.output_length, limit, spec.name,
+                   ", for every configuration: raise it (--max-model-len) or skip such "
+                   "calls (--on-oversize skip)")
 
 
 @functools.lru_cache(maxsize=4)
