@@ -203,10 +203,14 @@ class PDEngine(Arrivals):
         else:
             hits = [max(s.kv.lookup(req).num_tokens for s in e.schedulers) for e in self.prefill]
             g = min(range(len(self.prefill)), key=lambda i: (-hits[i], loads[i]))
+        n = self._prefilled_tokens(req)
+        keys = req.keys
+        if hasattr(keys, "extend"):  # token keys grow with the tokens a side samples: the
+            keys = keys.head(n)  # prefill side's (dropped) token must not enter the call's
         shadow = Request(request_id=req.request_id, session_id=req.session_id,
-                         num_prompt_tokens=self._prefilled_tokens(req), max_output_tokens=1,
+                         num_prompt_tokens=n, max_output_tokens=1,
                          arrival_s=req.arrival_s, kind=req.kind, parent_id=req.parent_id,
-                         priority=req.priority, keys=req.keys, trace=req.trace)
+                         priority=req.priority, keys=keys, trace=req.trace)
         if req.prompt_token_ids is not None:
             shadow.prompt_token_ids = req.prompt_token_ids[:shadow.num_prompt_tokens]
         self._shadow[req.request_id] = shadow
@@ -296,7 +300,10 @@ class PDEngine(Arrivals):
         src.append(KVSpan(_ids(src_kv.table(shadow.request_id)), start, stop, full))
         dst.append(KVSpan(_ids(dst_kv.table(req.request_id)), start, stop, full))
         state = stop if spec.linear_layers else None  # the state crosses whole
-        prefill.outbox.send(ExportKV(req.request_id, shadow.rank, req.request_id, src, state))
+        # (and the state at its last block boundary, where a decode side with snapshots
+        # saves one if the call ends before the next: `KVManager.free`)
+        prefill.outbox.send(ExportKV(req.request_id, shadow.rank, req.request_id, src, state,
+                                     state_boundary=dst_kv.snapshots is not None))
         prefill.flush_commands()  # now: its bytes go into the decode side's import
         sent = [r for r in prefill.outbox.take_reports(KVExported)
                 if r.transfer == req.request_id]
@@ -427,6 +434,11 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
                           f"{d.config.kv_dtype()}); the decode side would need a requantising "
                           f"pass labkit does not model")
     check_decode_layout(d.layout, where)
+    if p.data_plane.computes and p.model.linear_layers and (
+            p.config.enable_prefix_caching < d.config.enable_prefix_caching):
+        raise ConfigError(f"{where}: a hybrid model's decode side with prefix caching "
+                          f"snapshots the linear-attention state the prefill side keeps "
+                          f"only with it: enable_prefix_caching on both roles, or neither")
     if p.max_model_len > d.max_model_len:
         raise ConfigError(f"{where}: prefill accepts {p.max_model_len}-token contexts but "
                           f"decode only {d.max_model_len} (max_model_len)")

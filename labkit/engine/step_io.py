@@ -104,14 +104,16 @@ class KVSpan:
 @dataclass(slots=True)
 class ExportKV:
     """P/D hand-over, prefill side: read request_id's KV `spans` on DP rank dp (and, for
-    a hybrid model, its linear-attention state after `state_position` tokens) into a
-    `KVExported` report named `transfer`."""
+    a hybrid model, its linear-attention state after `state_position` tokens — with
+    `state_boundary`, also after the last block boundary before it, where the decode
+    side may snapshot it) into a `KVExported` report named `transfer`."""
 
     transfer: str
     dp: int
     request_id: str
     spans: list[KVSpan]
     state_position: int | None = None
+    state_boundary: bool = False
 
 
 @dataclass(slots=True)

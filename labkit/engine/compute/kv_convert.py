@@ -97,13 +97,15 @@ def import_kv(plane, dp_rank: int, blocks, data: KVData, start: int = 0,
     plane.executor.run(write_kv_span, [args] * len(gpus), gpus)
 
 
-def export_state(plane, dp_rank: int, request_id: str, position: int) -> dict:
-    """The request's linear-attention state after `position` tokens and after the last
-    block boundary before it (where the destination may snapshot it), every head:
-    {position: {linear layer: state}}. Each TP rank gives its heads (any PCP member),
-    each PP stage its layers (`read_state`, where they live)."""
-    boundary = position // plane.block_size * plane.block_size
-    wanted = {position: "current"} | ({boundary: "boundary"} if 0 < boundary < position else {})
+def export_state(plane, dp_rank: int, request_id: str, position: int,
+                 boundary: bool = False) -> dict:
+    """The request's linear-attention state after `position` tokens and, with
+    `boundary`, after the last block boundary before it (where the destination may
+    snapshot it), every head: {position: {linear layer: state}}. Each TP rank gives its
+    heads (any PCP member), each PP stage its layers (`read_state`, where they live)."""
+    last = position // plane.block_size * plane.block_size
+    wanted = {position: "current"} | ({last: "boundary"} if boundary and 0 < last < position
+                                      else {})
     gpus = plane.mesh.replica_gpus(dp_rank)
     found = plane.executor.run(read_state, [(request_id, wanted)] * len(gpus), gpus)
     parts: dict[tuple[int, int], dict[int, object]] = {}  # (position, layer) -> tp -> slice
@@ -135,7 +137,7 @@ def export_request(plane, c) -> dict:
     """An `ExportKV` command carried out: its spans' KV (in order) and the state."""
     kv = [export_kv(plane, c.dp, s.table, s.stop, s.start, s.layers) for s in c.spans]
     state = None if c.state_position is None else \
-        export_state(plane, c.dp, c.request_id, c.state_position)
+        export_state(plane, c.dp, c.request_id, c.state_position, c.state_boundary)
     return {"kv": kv, "state": state}
 
 

@@ -124,6 +124,14 @@ class TokenBlockKeys:
     def extend(self, token_ids) -> None:
         self.tokens.extend(int(t) for t in token_ids)
 
+    def head(self, num_tokens: int) -> TokenBlockKeys:
+        """Keys of the stream's first `num_tokens` tokens, to grow apart from these
+        (what is hashed already is kept: the keys are the same up there)."""
+        out = TokenBlockKeys((), self.block_size, self.extra)
+        out.tokens = self.tokens[:num_tokens]
+        out._keys = self._keys[: num_tokens // self.block_size]
+        return out
+
     def _fill(self, stop: int) -> None:
         bs, keys = self.block_size, self._keys
         parent = keys[-1] if keys else _stable_seed(self.extra)
