@@ -122,13 +122,13 @@ def build_parts(engine, prefix_sources=(), hold_kv_on_finish: bool = False) -> P
 
 def _remote_fetch(engine, ranks: Ranks, outbox: Outbox) -> list[RemoteFetch]:
     """Another DP rank's cache (session_kv_migration="fetch"). The compute plane copies
-    full-attention blocks only: window and linear-state models recompute instead."""
-    compute, m = engine.data_plane.computes, engine.model
-    if engine.config.session_kv_migration != "fetch" or \
-            (compute and (m.sliding_window_layers or m.linear_layers)):
+    the blocks (a sliding-window model's window pages, a linear-attention model's
+    state)."""
+    compute = engine.data_plane.computes
+    if engine.config.session_kv_migration != "fetch":
         return []
     return [RemoteFetch(ranks, engine.placement, engine.hardware, engine.layout,
-                        engine.events, outbox.copy_blocks if compute else None)]
+                        engine.events, outbox if compute else None)]
 
 
 def _offload(engine, ranks: Ranks, outbox: Outbox) -> Offload | None:

@@ -19,11 +19,12 @@ is plain ints, lists and numpy arrays: it pickles.
 Besides the step itself the control plane sends **commands**, in the order it decided
 them, applied before the step's forward (or at once with `DataPlane.apply` when the
 control plane is about to read or move bytes itself): copy a fetched prefix between DP
-ranks, save or restore a linear-attention state snapshot, release a finished request's
-per-request state, the offload tiers' block `Move`s (`TierMoves`), and a P/D
-hand-over's two halves (`ExportKV` on the prefill side's plane, `ImportKV` on the
-decode side's). They describe what the control plane already did to its bookkeeping;
-the data plane makes it true on its bytes. What the data plane has to tell back comes
+ranks (a linear-attention model's state with it, `FetchState`), save or restore a
+linear-attention state snapshot, release a finished request's per-request state, the
+offload tiers' block `Move`s (`TierMoves`), and a P/D hand-over's two halves
+(`ExportKV` on the prefill side's plane, `ImportKV` on the decode side's). They
+describe what the control plane already did to its bookkeeping; the data plane makes
+it true on its bytes. What the data plane has to tell back comes
 back as reports, in the `StepOutput` (or from `apply`): a block file written, with its
 path and digest, or not writable (`DiskWrite`) — the control plane acts on it itself,
 as vLLM's scheduler acts on the failed loads its KV connector reports — and a
@@ -68,6 +69,19 @@ class RestoreState:
     """request_id resumes from the snapshot `key` (its state after `position` tokens)."""
 
     dp: int
+    key: int
+    request_id: str
+    position: int
+
+
+@dataclass(slots=True)
+class FetchState:
+    """A session's prefix fetched from another DP rank (with its `CopyBlocks`), for a
+    hybrid model: the snapshot `key` on DP rank src_dp becomes request_id's state after
+    `position` tokens on dst_dp."""
+
+    src_dp: int
+    dst_dp: int
     key: int
     request_id: str
     position: int
@@ -128,7 +142,8 @@ class ImportKV:
     state_position: int | None = None
 
 
-Command = CopyBlocks | SaveState | RestoreState | Release | TierMoves | ExportKV | ImportKV
+Command = CopyBlocks | SaveState | RestoreState | FetchState | Release | TierMoves | ExportKV \
+    | ImportKV
 
 
 # ------------------------------------------------------------------- reports

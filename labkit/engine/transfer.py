@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from labkit.engine.events import KVFetched
+from labkit.engine.step_io import FetchState
 
 
 @dataclass(slots=True)
@@ -41,15 +44,17 @@ class RemoteFetch:
     LATENCY_S = 50e-6  # set-up of a KV transfer between ranks
     LINK_EFFICIENCY = 0.8
 
-    def __init__(self, ranks, placement, hardware, layout, events, on_copy=None) -> None:
+    def __init__(self, ranks, placement, hardware, layout, events, outbox=None) -> None:
         """`ranks`: the engine's DP ranks (`build.Ranks`: their KV managers, and
         `lookup(rank, req, now)`, a rank's cache as step-by-step simulation has it at now:
-        its fast-forwarded run played up to now where that could change the answer)."""
+        its fast-forwarded run played up to now where that could change the answer).
+        `outbox`: where a plane that computes gets the copies as commands (the blocks,
+        and a hybrid model's state at the prefix's end: its snapshot on the source)."""
         self.ranks, self.hardware = ranks, hardware
         self.kv_bytes_per_token = placement.kv_bytes_per_token_per_gpu()  # (frozen)
         self.replicas_per_node = max(1, hardware.gpus_per_node // layout.gpus_per_replica)
         self.events = events
-        self.on_copy = on_copy  # (src rank, dst rank, src blocks, dst blocks): the bytes
+        self.outbox = outbox
 
     def __call__(self, req, cached: int, now: float) -> PrefixTransfer | None:
         hint = req.prefix_hint
@@ -66,11 +71,31 @@ class RemoteFetch:
 
         def admit(r, now: float) -> float:
             r.num_fetched_tokens = match.num_tokens - cached
-            if self.on_copy is not None:
-                dst = self.ranks.kv(r.rank).table(r.request_id)[:len(match.blocks)]
-                self.on_copy(hint.rank, r.rank, match.blocks, dst)
+            if self.outbox is not None:
+                self._copy(hint.rank, r, match)
             if self.events.wants(KVFetched):
                 self.events.emit(KVFetched(now, r.rank, r.request_id, hint.rank,
                                            r.num_fetched_tokens, seconds))
             return seconds
         return PrefixTransfer(match.num_tokens, seconds, admit)
+
+    def _copy(self, src: int, req, match) -> None:
+        """The copy as commands: the blocks into req's table; for a sliding-window
+        model, the window's pages at the prefix's end (the source's lookup reached only
+        where they are cached; req holds pages from there on); for a linear-attention
+        one, the state the prefix ends with (its lookup reached only a boundary that has
+        a snapshot)."""
+        dst, m = self.ranks.kv(req.rank), len(match.blocks)
+        src_blocks, dst_blocks = [match.blocks], [dst.table(req.request_id)[:m]]
+        if dst.window is not None and len(match.window_pages):
+            first = m - len(match.window_pages)  # the logical blocks of those pages
+            for group in range(dst.window.pages_per_block):
+                pages = dst.window_table(req.request_id, group)[first:m]
+                held = pages >= 0
+                src_blocks.append(match.window_pages[held, group])
+                dst_blocks.append(pages[held])
+        self.outbox.copy_blocks(src, req.rank, np.concatenate(src_blocks),
+                                np.concatenate(dst_blocks))
+        if dst.snapshots is not None:
+            key = req.keys.key(m - 1)
+            self.outbox.send(FetchState(src, req.rank, key, req.request_id, match.num_tokens))

@@ -4,9 +4,7 @@ else. So the two tables must agree bit for bit — steps, calls, cache hits, han
 which checks the control plane's compute-only paths (real token keys, KV copies, state
 exports) against the simulated ones it shares everything else with.
 
-(Not compared: speculative decoding, whose accepted drafts are the real model's; and a
-hybrid model's KV fetched from another DP rank, which the compute plane recomputes
-instead, `build._remote_fetch`.)"""
+(Not compared: speculative decoding, whose accepted drafts are the real model's.)"""
 
 from __future__ import annotations
 
@@ -37,14 +35,16 @@ def assert_same_schedule(sim, compute) -> None:
 @pytest.mark.parametrize("model, layout, knobs", [
     ("tiny-llama", "dp2", {}),  # a session's KV fetched from the other rank (copied)
     ("tiny-qwen3-moe", "dep2", {}),  # lockstep
-    ("tiny-kimi-linear", "tp1", {}),  # state snapshots
-    ("tiny-gpt-oss", "tp1", dict(max_num_batched_tokens=32)),  # windows, chunks
+    ("tiny-kimi-linear", "dp2", {}),  # state snapshots, fetched with the KV
+    ("tiny-gpt-oss", "dp2", dict(max_num_batched_tokens=32)),  # windows (fetched), chunks
 ])
 def test_a_compute_replay_on_the_predicted_clock_schedules_as_the_sim(model, layout, knobs):
     sim, compute = replay_both(lambda **kw: Engine(model, layout, num_gpu_blocks_override=60,
                                                    **knobs, **kw))
     assert_same_schedule(sim, compute)
     assert sim.summary["prefix_cache_hit_rate"] > 0.3  # (the keys are checked)
+    if layout.startswith("dp"):
+        assert sim.summary["kv_fetched_tokens"] > 100
 
 
 def test_pd_hands_over_as_the_sim_does():

@@ -42,14 +42,15 @@ import torch
 from labkit.engine.compute.executors import (
     RankPlan, check_executor, forward_step, kv_nbytes, make_executor, release_request,
     restore_snapshot, save_snapshot)
-from labkit.engine.compute.kv_convert import export_request, import_request
+from labkit.engine.compute.kv_convert import export_request, export_snapshot, import_request, \
+    import_state
 from labkit.engine.compute.kv_namespace import kv_identity, weights_identity
 from labkit.engine.compute.mesh import Mesh
 from labkit.engine.compute.models.family import check_computable
 from labkit.engine.compute.step_batch import Entry, StepBatch
 from labkit.engine.compute.tier_bytes import TierBytes
-from labkit.engine.step_io import CopyBlocks, ExportKV, ImportKV, KVExported, Release, \
-    RestoreState, SaveState, StepInput, StepOutput, TierMoves
+from labkit.engine.step_io import CopyBlocks, ExportKV, FetchState, ImportKV, KVExported, \
+    Release, RestoreState, SaveState, StepInput, StepOutput, TierMoves
 from labkit.engine.step_work import StepTiming
 from labkit.errors import ConfigError, unknown_choice
 
@@ -220,6 +221,9 @@ class ComputeDataPlane:
                 gpus = self.mesh.replica_gpus(c.dp)
                 args = (c.key, c.request_id, c.position)
                 self.executor.run(restore_snapshot, [args] * len(gpus), gpus)
+            elif isinstance(c, FetchState):  # (its KV came in the CopyBlocks before it)
+                data = export_snapshot(self, c.src_dp, c.key, c.position)
+                import_state(self, c.dst_dp, c.request_id, c.position, data)
             elif isinstance(c, Release):
                 self.release(c.request_id)
             elif isinstance(c, TierMoves):

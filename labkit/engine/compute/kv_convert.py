@@ -106,8 +106,19 @@ def export_state(plane, dp_rank: int, request_id: str, position: int,
     last = position // plane.block_size * plane.block_size
     wanted = {position: "current"} | ({last: "boundary"} if boundary and 0 < last < position
                                       else {})
+    return _whole_states(plane, dp_rank, read_state, (request_id, wanted))
+
+
+def export_snapshot(plane, dp_rank: int, key: int, position: int) -> dict:
+    """The snapshot `key` on DP rank dp_rank (a state after `position` tokens), every
+    head, as `export_state` gives a request's: {position: {linear layer: state}}."""
+    return _whole_states(plane, dp_rank, read_snapshot, (key, position))
+
+
+def _whole_states(plane, dp_rank: int, op, args: tuple) -> dict:
+    """`op`'s per-GPU state slices on the replica's GPUs, each TP rank's heads joined."""
     gpus = plane.mesh.replica_gpus(dp_rank)
-    found = plane.executor.run(read_state, [(request_id, wanted)] * len(gpus), gpus)
+    found = plane.executor.run(op, [args] * len(gpus), gpus)
     parts: dict[tuple[int, int], dict[int, object]] = {}  # (position, layer) -> tp -> slice
     for gpu, states in zip(gpus, found):
         for key, fields in states.items():
@@ -195,6 +206,16 @@ def read_state(rank, request_id: str, wanted: dict) -> dict:
                                  f"{request_id} after {pos} tokens in layer {layer}")
             out[pos, layer] = state
     return out
+
+
+def read_snapshot(rank, key: int, position: int) -> dict:
+    """This GPU's head slice of snapshot `key`, per linear layer it holds:
+    {(position, layer): fields}."""
+    copies = rank.snapshots.copies(key) if rank.snapshots.layers else {}
+    if copies is None:
+        raise ValueError(f"GPU {rank.place.gpu} has no linear-attention snapshot {key} "
+                         f"(a prefix of {position} tokens) to send")
+    return {(position, layer): state for layer, state in copies.items()}
 
 
 def write_state(rank, request_id: str, position: int, data: dict, tp: int) -> None:

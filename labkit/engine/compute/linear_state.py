@@ -100,6 +100,10 @@ class LinearSnapshots:
             copies[layer] = _copy(state)
         self._store[key] = copies
 
+    def copies(self, key: int) -> dict | None:
+        """The snapshot's states by layer (None if not here), to read, not to change."""
+        return self._store.get(key)
+
     def restore(self, key: int, request_id: str, position: int) -> None:
         copies = self._store.get(key)
         if copies is None:

@@ -45,9 +45,9 @@ def check_sliding_window(model, layout, config) -> None:
     Token-sharded KV (DCP, PCP) and layer-sharded KV (KVPP) would need per-shard
     windows. (Offload tiers keep window pages too, and a loaded prefix brings its
     window along. A session's KV fetched from another DP rank,
-    `session_kv_migration="fetch"`, is costed by its full-attention bytes on the sim
-    plane; the compute plane recomputes instead. P/D sends the window at the end of
-    the prompt.)
+    `session_kv_migration="fetch"`, is costed by its full-attention bytes; the compute
+    plane copies the window's pages at its end along. P/D sends the window at the end
+    of the prompt.)
     """
     if not model.sliding_window_layers:
         return
