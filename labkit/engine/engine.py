@@ -259,12 +259,15 @@ class Engine(Arrivals):
         check_model_len(request_id, input_tokens, output_tokens, self.max_model_len,
                         self.model.name, "; raise max_model_len or skip such calls "
                                          "(on_oversize='skip')")
-        if not self.config.enable_chunked_prefill and \
-                input_tokens > self.config.max_num_batched_tokens:
+        cfg = self.config
+        if not cfg.enable_chunked_prefill and \
+                min(input_tokens, cfg.long_prefill_token_threshold or input_tokens) \
+                > cfg.max_num_batched_tokens:
             raise ConfigError(
                 f"request {request_id}: a {input_tokens}-token prompt cannot be prefilled "
-                f"in one step of max_num_batched_tokens={self.config.max_num_batched_tokens} "
-                f"with enable_chunked_prefill off"
+                f"in one step of max_num_batched_tokens={cfg.max_num_batched_tokens} "
+                f"with enable_chunked_prefill off (nor in chunks of "
+                f"long_prefill_token_threshold: {cfg.long_prefill_token_threshold or 'unset'})"
             )
         blocks = -(-(total + self.config.num_speculative_tokens) // self.block_size)
         if self.model.sliding_window_layers:  # at worst a window plus a whole chunk

@@ -268,9 +268,6 @@ class Scheduler:
             decode = req.is_decoding
             n = cfg.tokens_per_decode_step if decode else req.num_pending_tokens
             n = min(n, threshold or n, budget)  # vLLM caps verify steps by it too
-            if not decode and not cfg.enable_chunked_prefill and n < req.num_pending_tokens:
-                i += 1
-                continue
             while not self.kv.allocate(req, n):
                 victim = self._pick_victim()
                 if victim is not req and victim in batch.requests:
@@ -314,9 +311,10 @@ class Scheduler:
                 continue
             if defer and pending > 1:
                 break  # a throttled step: its prefill waits for the beat
-            n = min(pending, threshold or pending, budget)
-            if n < pending and not cfg.enable_chunked_prefill:
-                break
+            n = min(pending, threshold or pending)  # (vLLM: the threshold chunks a prompt
+            if n > budget and not cfg.enable_chunked_prefill:  # even without chunked
+                break  # prefill, which only stops one from taking less than its share)
+            n = min(n, budget)
             if not self.kv.allocate(req, n, match):
                 break
             self.waiting.pop()

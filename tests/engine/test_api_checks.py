@@ -142,3 +142,16 @@ def test_generator_knobs_are_checked(knobs, word):
         generate_agentx_trace(2, seed=0, **knobs)
     with pytest.raises(ConfigError, match="block_size"):
         generate_agentx_trace(2, seed=0, block_size=0)
+
+
+def test_a_prompt_over_the_budget_without_chunked_prefill_needs_the_threshold():
+    """enable_chunked_prefill off: a prompt over max_num_batched_tokens can never be
+    scheduled whole, but long_prefill_token_threshold still chunks it (vLLM caps a
+    prompt by the threshold before the budget check)."""
+    knobs = dict(enable_chunked_prefill=False, max_num_batched_tokens=64)
+    with pytest.raises(ConfigError, match="long_prefill_token_threshold: unset"):
+        Engine("tiny-llama", "tp1", **knobs).check_fits("r", 1000, 10)
+    Engine("tiny-llama", "tp1", long_prefill_token_threshold=32, **knobs).check_fits("r", 1000, 10)
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=64"):
+        Engine("tiny-llama", "tp1", long_prefill_token_threshold=128, **knobs).check_fits(
+            "r", 1000, 10)

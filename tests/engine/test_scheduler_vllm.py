@@ -135,6 +135,37 @@ def test_a_chunk_shares_only_the_blocks_its_step_fills():
     assert b.num_cached_tokens == 32 and b.num_computed_tokens == 64
 
 
+def test_without_chunked_prefill_the_threshold_still_chunks_a_prompt():
+    """enable_chunked_prefill off, long_prefill_token_threshold 32, budget 40: vLLM caps
+    a prompt by the threshold first and only then refuses to take less than that share
+    of the budget. r0 (80 tokens) prefills 32, 32, 16 (running: the threshold, then the
+    rest); r1 (48 tokens, waiting) takes its 32 only in a step with 32 left: not in
+    steps 0 and 1 (8 left after r0's 32), nor 2 (24 left after r0's 16); in step 3,
+    beside r0's first decode, then its last 16. (It waited forever before: a share
+    below the whole prompt was refused.)"""
+    s = scheduler(enable_chunked_prefill=False, long_prefill_token_threshold=32,
+                  max_num_batched_tokens=40)
+    r0, r1 = request("r0", 80), request("r1", 48)
+    s.add_request(r0)
+    s.add_request(r1)
+    assert step(s) == {"r0": 32}
+    assert step(s) == {"r0": 32}
+    assert step(s) == {"r0": 16}
+    assert step(s) == {"r0": 1, "r1": 32}
+    assert step(s) == {"r0": 1, "r1": 16}
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_whole():
+    """No threshold, budget 64: r0 (40 tokens) prefills whole; r1 (40) would fit only
+    in part of the 24 left, so it waits for the next step; the running r0 decodes."""
+    s = scheduler(enable_chunked_prefill=False, max_num_batched_tokens=64)
+    r0, r1 = request("r0", 40), request("r1", 40)
+    s.add_request(r0)
+    s.add_request(r1)
+    assert step(s) == {"r0": 40}
+    assert step(s) == {"r0": 1, "r1": 40}
+
+
 def test_another_rank_sees_only_computed_blocks():
     """Blocks registered by a step not yet run are this rank's to share (the step
     writes them before anyone reads them) but not KV another rank could copy."""
