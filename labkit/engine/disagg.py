@@ -204,9 +204,9 @@ class PDEngine(Arrivals):
             hits = [max(s.kv.lookup(req).num_tokens for s in e.schedulers) for e in self.prefill]
             g = min(range(len(self.prefill)), key=lambda i: (-hits[i], loads[i]))
         n = self._prefilled_tokens(req)
-        keys = req.keys
-        if hasattr(keys, "extend"):  # token keys grow with the tokens a side samples: the
-            keys = keys.head(n)  # prefill side's (dropped) token must not enter the call's
+        # token keys grow with the tokens a side samples: the prefill side's own copy, so
+        # the token it samples (and drops) never enters the call's
+        keys = req.keys.head(n) if hasattr(req.keys, "extend") else req.keys
         shadow = Request(request_id=req.request_id, session_id=req.session_id,
                          num_prompt_tokens=n, max_output_tokens=1,
                          arrival_s=req.arrival_s, kind=req.kind, parent_id=req.parent_id,
@@ -434,8 +434,8 @@ def check_pd_pair(prefill: Engine, decode: Engine) -> None:
                           f"{d.config.kv_dtype()}); the decode side would need a requantising "
                           f"pass labkit does not model")
     check_decode_layout(d.layout, where)
-    if p.data_plane.computes and p.model.linear_layers and (
-            p.config.enable_prefix_caching < d.config.enable_prefix_caching):
+    if p.data_plane.computes and p.model.linear_layers and \
+            d.config.enable_prefix_caching and not p.config.enable_prefix_caching:
         raise ConfigError(f"{where}: a hybrid model's decode side with prefix caching "
                           f"snapshots the linear-attention state the prefill side keeps "
                           f"only with it: enable_prefix_caching on both roles, or neither")

@@ -311,9 +311,11 @@ class Scheduler:
                 continue
             if defer and pending > 1:
                 break  # a throttled step: its prefill waits for the beat
-            n = min(pending, threshold or pending)  # (vLLM: the threshold chunks a prompt
-            if n > budget and not cfg.enable_chunked_prefill:  # even without chunked
-                break  # prefill, which only stops one from taking less than its share)
+            # vLLM caps a prompt by the threshold even without chunked prefill, which only
+            # refuses to take less than that share
+            n = min(pending, threshold or pending)
+            if n > budget and not cfg.enable_chunked_prefill:
+                break
             n = min(n, budget)
             if not self.kv.allocate(req, n, match):
                 break
