@@ -70,6 +70,7 @@ class TraceFeeder:
         self._session_of: dict[str, str] = {}  # engine id -> session key
         self._open_calls: dict[str, int] = {}  # session key -> calls not yet finished
         self._hints: dict[str, dict] = {}  # session key -> {finished engine id: hint}
+        self._keys_of: dict[str, TraceBlockKeys] = {}  # engine id -> keys, while children wait
         self._children_left: dict[str, int] = {}  # engine id -> its calls not yet released
         self.oversized = oversized or {}  # trace request id -> why it can never run
         self.ledger = SessionLedger()
@@ -143,7 +144,9 @@ class TraceFeeder:
         if self.engine.computes:
             self._real_tokens(req, tr, epoch, parent)
         else:
-            req.keys = self._keys(tr, epoch)
+            req.keys = self._keys(tr, epoch, parent)
+            if self._children_left.get(eid, 0) > 0:
+                self._keys_of[eid] = req.keys
             req.forked_tokens = min(self.trace.fork_tokens(tr), tr.input_length - 1)
         if parent is not None:
             req.prefix_hint = self._inherit(key, parent)
@@ -159,6 +162,7 @@ class TraceFeeder:
         if left > 0:
             self._children_left[parent] = left
             return self._hints[key].get(parent)
+        self._keys_of.pop(parent, None)
         return self._hints[key].pop(parent, None)
 
     def _real_tokens(self, req: Request, tr, epoch: int, parent: str | None) -> None:
@@ -182,7 +186,7 @@ class TraceFeeder:
         req.forked_tokens = shared if tr.kind == "subagent" and parent_req is not None \
             and parent_req.kind == "main" else 0
 
-    def _keys(self, tr, epoch: int) -> TraceBlockKeys:
+    def _keys(self, tr, epoch: int, parent: str | None) -> TraceBlockKeys:
         ids = self.trace.context_ids(tr)
         unknown = ids < 0
         if unknown.any():
@@ -190,8 +194,12 @@ class TraceFeeder:
             count = int(unknown.sum())
             ids[unknown] = np.arange(self._fresh, self._fresh + count, dtype=np.int64)
             self._fresh += count
-        return TraceBlockKeys(ids, self.trace.block_size, self.engine.block_size,
+        keys = TraceBlockKeys(ids, self.trace.block_size, self.engine.block_size,
                               salt=epoch * ID_LIMIT)
+        parent_keys = self._keys_of.get(parent)
+        if parent_keys is not None:
+            keys.lend(parent_keys, self.trace.context_shared_tokens(tr))
+        return keys
 
     def _on_finish(self, req: Request, t: float) -> None:
         key = self._session_of.pop(req.request_id, None)

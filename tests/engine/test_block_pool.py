@@ -64,10 +64,14 @@ def _leading_blocks(ref, marked, keys, computed_only):
 def _trace_keys_over(order):
     """Trace keys of each recipe: blocks as large as the trace's (the keys are `order`),
     half as large (two sub-block keys per id), twice as large (the later id of each
-    pair is the key: `order` again)."""
+    pair is the key: `order` again), a quarter as large with keys lent by another
+    call's."""
     pairs = np.stack([order + 7, order], axis=1).ravel()
+    lent = TraceBlockKeys(order + 7, 4, 1)  # every other key lent: `order`'s
+    lent.lent_at = np.arange(0, 2 * len(order), 2, dtype=np.int64)
+    lent.lent_keys = np.asarray(order, dtype=np.int64)
     return [TraceBlockKeys(order, 4, 4), TraceBlockKeys(order, 4, 2),
-            TraceBlockKeys(pairs, 2, 4)]
+            TraceBlockKeys(pairs, 2, 4), lent]
 
 
 ops = st.lists(

@@ -13,13 +13,15 @@ them, passing prefix hints along as a replay would. After every step:
 At the end everything is freed and nothing may leak.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from labkit.engine.kv import KVManager, TraceBlockKeys
+from labkit.engine.kv import KVManager, TokenBlockKeys, TraceBlockKeys
 from labkit.engine.kv.block_pool import NO_KEY
 from labkit.engine.request import Request
 
@@ -294,6 +296,43 @@ def test_block_keys_name_prefixes_across_block_sizes(engine_bs, trace_bs):
             assert ka.keys(start, stop).tolist() == [ka.key(j) for j in range(start, stop)]
     with pytest.raises(IndexError, match="keyed blocks"):
         ka.keys(0, ka.num_blocks + 1)  # past the keys the ids define
+
+
+def _trace_ids(tokens: list, trace_bs: int, ids: dict) -> np.ndarray:
+    """Chain-unique ids of a token stream's trace blocks, the last one partial (as a
+    trace loader makes them): one id per distinct (prefix, block) content."""
+    return np.array([ids.setdefault(tuple(tokens[: end]), len(ids))
+                     for end in range(trace_bs, len(tokens) + trace_bs, trace_bs)])
+
+
+@pytest.mark.parametrize("engine_bs,trace_bs", [(4, 16), (8, 16), (16, 64), (16, 16),
+                                                (32, 16)])
+def test_trace_keys_share_what_token_hashes_share(engine_bs, trace_bs):
+    """Threads of calls, each re-sending a random part of its parent's context: where
+    that part ends inside a trace block, parent and child have different ids for the
+    block, yet the engine blocks inside the shared part hold the same tokens. With lent
+    keys, the trace keys of any two calls of a thread agree exactly where vLLM's token
+    hashes do (they did not on those sub-blocks, nor, once lent, on their children's)."""
+    rng = np.random.default_rng(engine_bs * 1000 + trace_bs)
+    for _ in range(40):
+        ids: dict = {}
+        tokens = [rng.integers(1000, size=int(rng.integers(1, 90))).tolist()]
+        keys = [TraceBlockKeys(_trace_ids(tokens[0], trace_bs, ids), trace_bs, engine_bs)]
+        for _ in range(4):
+            shared = int(rng.integers(0, len(tokens[-1]) + 1))
+            tokens.append(tokens[-1][:shared]
+                          + rng.integers(1000, size=int(rng.integers(1, 60))).tolist())
+            keys.append(TraceBlockKeys(_trace_ids(tokens[-1], trace_bs, ids), trace_bs,
+                                       engine_bs))
+            keys[-1].lend(keys[-2], shared)
+        for a, b in itertools.combinations(range(len(keys)), 2):
+            n = min(len(tokens[a]), len(tokens[b])) // engine_bs  # full blocks of both
+            by_ids = keys[a].keys(0, n) == keys[b].keys(0, n)
+            by_tokens = (TokenBlockKeys(tokens[a], engine_bs).keys(0, n)
+                         == TokenBlockKeys(tokens[b], engine_bs).keys(0, n))
+            assert by_ids.tolist() == by_tokens.tolist()
+        for k in keys:
+            assert [k.key(j) for j in range(k.num_blocks)] == k.keys(0, k.num_blocks).tolist()
 
 
 def test_token_keys_chain_over_whole_prefixes():

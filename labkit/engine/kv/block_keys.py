@@ -10,7 +10,10 @@ keeps a turn's prefix lookup independent of its context length.
 The engine's block size B and the trace's block size T need not match:
 
 - B <= T (say 16 vs 64): engine block j is sub-block ``j % (T/B)`` of trace block
-  ``j // (T/B)``; its key combines the two (sub-blocks chain from the trace id).
+  ``j // (T/B)``; its key combines the two (sub-blocks chain from the trace id) — but
+  where a call's context ends inside a trace block, the sub-blocks it filled are keyed
+  as the call that first filled them keys them (`TraceBlockKeys.lend`), as a
+  successor's fuller block has another id.
 - B > T: an engine block spans T/B trace blocks; the id of the *last* of them already
   names the whole prefix, so it is the key.
 
@@ -56,9 +59,19 @@ def check_block_sizes(block_size: int, trace_block_size: int) -> None:
 
 
 class TraceBlockKeys:
-    """Keys of one request's engine blocks, from the trace ids of its context."""
+    """Keys of one request's engine blocks, from the trace ids of its context.
 
-    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks")
+    With B < T a trace id is too coarse where a call's context ends inside a trace
+    block: the next call to re-send that context fills the block further and has
+    another id for it, yet the engine sub-blocks the first call filled hold the same
+    tokens in both — vLLM's token hashes share them. So a call keys those sub-blocks
+    as its parent does (`lend`): keys of the sub-blocks `lent_at` (ascending) are
+    `lent_keys`, the others come from the ids. Lent keys pass down a thread of calls
+    as far as each re-sends its parent's context.
+    """
+
+    __slots__ = ("ids", "block_size", "trace_block_size", "_ratio", "_split", "num_blocks",
+                 "lent_at", "lent_keys")
 
     def __init__(self, context_ids: np.ndarray, trace_block_size: int, block_size: int,
                  salt: int = 0) -> None:
@@ -72,17 +85,45 @@ class TraceBlockKeys:
         else:
             self._ratio = block_size // trace_block_size
             self.num_blocks = len(self.ids) // self._ratio
+        self.lent_at, self.lent_keys = NO_KEYS, NO_KEYS
+
+    def lend(self, parent: TraceBlockKeys, shared_tokens: int) -> None:
+        """Key the engine blocks inside this call's first `shared_tokens` tokens (its
+        parent's context, re-sent) as `parent` keys them where the ids may not: the
+        parent's own lent keys there, and the whole sub-blocks of the trace block the
+        shared part ends in, if the two calls' ids for it differ. Nothing to do with
+        B >= T (an engine block never ends inside a trace block)."""
+        if not self._split:
+            return
+        r = self._ratio
+        i, sub = divmod(shared_tokens, self.trace_block_size)
+        whole = sub // self.block_size
+        part = whole > 0 and i < len(self.ids) and i < len(parent.ids) \
+            and self.ids[i] != parent.ids[i]
+        inherited = int(np.searchsorted(parent.lent_at, i * r if part else
+                                        shared_tokens // self.block_size))
+        at, keys = parent.lent_at[:inherited], parent.lent_keys[:inherited]
+        if part:  # (the parent's keys there, its lent ones included)
+            at = np.concatenate((at, np.arange(i * r, i * r + whole, dtype=np.int64)))
+            keys = np.concatenate((keys, parent.keys(i * r, i * r + whole)))
+        self.lent_at, self.lent_keys = at, keys
 
     def key(self, j: int) -> int:
         r = self._ratio
-        if self._split:
-            return int(self.ids[j // r]) * r + j % r
-        return int(self.ids[(j + 1) * r - 1])
+        if not self._split:
+            return int(self.ids[(j + 1) * r - 1])
+        lent = self.lent_at
+        if len(lent) and lent[0] <= j <= lent[-1]:
+            p = int(np.searchsorted(lent, j))
+            if lent[p] == j:
+                return int(self.lent_keys[p])
+        return int(self.ids[j // r]) * r + j % r
 
     def recipe(self) -> tuple:
-        """(ids, ratio, split): what `_trace_keys` makes the keys from, for compiled
-        loops that compute keys as they go (`BlockPool.cached_trace_prefix`)."""
-        return self.ids, self._ratio, self._split
+        """(ids, ratio, split, lent_at, lent_keys): what `_trace_keys` makes the keys
+        from, for compiled loops that compute keys as they go
+        (`BlockPool.cached_trace_prefix`)."""
+        return self.ids, self._ratio, self._split, self.lent_at, self.lent_keys
 
     def keys(self, start: int, stop: int) -> np.ndarray:
         """key(j) for j in [start, stop) (one compiled loop: lookups and registrations
@@ -90,14 +131,31 @@ class TraceBlockKeys:
         if not (0 <= start and stop <= self.num_blocks):
             raise IndexError(f"keys {start}..{stop} of a request with {self.num_blocks} "
                              f"keyed blocks")
-        return _trace_keys(self.ids, self._ratio, self._split, start, stop)
+        return _trace_keys(*self.recipe(), start, stop)
+
+
+NO_KEYS = np.empty(0, dtype=np.int64)
 
 
 @njit(cache=True)
-def _trace_keys(ids, r: int, split: bool, start: int, stop: int):
+def trace_key(ids, r: int, split: bool, lent_at, lent_keys, j: int, p: int) -> tuple:
+    """(key of engine block j, the next p) for compiled loops walking j upwards:
+    `TraceBlockKeys.key` with p, the first lent entry not below j, carried along."""
+    if not split:
+        return ids[(j + 1) * r - 1], p
+    while p < len(lent_at) and lent_at[p] < j:
+        p += 1
+    if p < len(lent_at) and lent_at[p] == j:
+        return lent_keys[p], p + 1
+    return ids[j // r] * r + j % r, p
+
+
+@njit(cache=True)
+def _trace_keys(ids, r: int, split: bool, lent_at, lent_keys, start: int, stop: int):
     out = np.empty(max(stop - start, 0), dtype=np.int64)
+    p = np.searchsorted(lent_at, start)
     for j in range(start, stop):
-        out[j - start] = ids[j // r] * r + j % r if split else ids[(j + 1) * r - 1]
+        out[j - start], p = trace_key(ids, r, split, lent_at, lent_keys, j, p)
     return out
 
 

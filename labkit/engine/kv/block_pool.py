@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
+from labkit.engine.kv.block_keys import NO_KEYS, trace_key
 from labkit.engine.kv.free_queue import (EAGER_BLOCKS, FreeBlockQueue, grown, link_one,
                                          pop_head, unlink_one, walk_head)
 from labkit.engine.kv.key_index import KeyIndex, claim_slot, clear_slot
@@ -213,8 +214,7 @@ class BlockPool:
         made as it is probed (`TraceBlockKeys.recipe`), so a walk stops at the first
         miss without making the keys after it: (blocks, True), or (the blocks found up
         to a key outside the key array, False) — the rest is then `cached_prefix`'s."""
-        ids, ratio, split = keys.recipe()
-        return _held_trace_prefix(self._cached.slot, self.pending, ids, ratio, split,
+        return _held_trace_prefix(self._cached.slot, self.pending, *keys.recipe(),
                                   start, stop, computed_only)
 
     def unchanged(self, blocks, generations):
@@ -260,8 +260,8 @@ def load_loops() -> None:
     pool.cache_blocks(blocks[1:2], np.array([1 << 20]))  # past the key array: it grows
     pool.keyed_prefix(blocks)
     pool.cached_prefix(np.array([0, 1]), computed_only=True)
-    _held_trace_prefix(pool._cached.slot, pool.pending, np.zeros(1, np.int64), 1, True, 0,
-                       1, True)
+    _held_trace_prefix(pool._cached.slot, pool.pending, np.zeros(1, np.int64), 1, True, NO_KEYS,
+                       NO_KEYS, 0, 1, True)
     pool.would_take_any(2, blocks[:1])
     pool.free(blocks[::-1])
     pool.touch(blocks[:1])
@@ -390,13 +390,14 @@ def _held_prefix(slot, pending, keys, computed_only: bool):
 
 
 @njit(cache=True)
-def _held_trace_prefix(slot, pending, ids, r: int, split: bool, start: int, stop: int,
-                       computed_only: bool):
+def _held_trace_prefix(slot, pending, ids, r: int, split: bool, lent_at, lent_keys,
+                       start: int, stop: int, computed_only: bool):
     """`_held_prefix` of trace keys start .. stop - 1, made as `_trace_keys` makes them;
     on a key outside the array: (the blocks before it, False)."""
     out = np.empty(max(stop - start, 0), dtype=np.int32)
+    p = np.searchsorted(lent_at, start)
     for j in range(start, stop):
-        key = ids[j // r] * r + j % r if split else ids[(j + 1) * r - 1]
+        key, p = trace_key(ids, r, split, lent_at, lent_keys, j, p)
         if key < 0 or key >= len(slot):
             return out[: j - start], False
         b = slot[key] - 1
