@@ -138,24 +138,13 @@ NO_KEYS = np.empty(0, dtype=np.int64)
 
 
 @njit(cache=True)
-def trace_key(ids, r: int, split: bool, lent_at, lent_keys, j: int, p: int) -> tuple:
-    """(key of engine block j, the next p) for compiled loops walking j upwards:
-    `TraceBlockKeys.key` with p, the first lent entry not below j, carried along."""
-    if not split:
-        return ids[(j + 1) * r - 1], p
-    while p < len(lent_at) and lent_at[p] < j:
-        p += 1
-    if p < len(lent_at) and lent_at[p] == j:
-        return lent_keys[p], p + 1
-    return ids[j // r] * r + j % r, p
-
-
-@njit(cache=True)
 def _trace_keys(ids, r: int, split: bool, lent_at, lent_keys, start: int, stop: int):
     out = np.empty(max(stop - start, 0), dtype=np.int64)
-    p = np.searchsorted(lent_at, start)
     for j in range(start, stop):
-        out[j - start], p = trace_key(ids, r, split, lent_at, lent_keys, j, p)
+        out[j - start] = ids[j // r] * r + j % r if split else ids[(j + 1) * r - 1]
+    for p in range(len(lent_at)):  # (a handful, if any)
+        if start <= lent_at[p] < stop:
+            out[lent_at[p] - start] = lent_keys[p]
     return out
 
 

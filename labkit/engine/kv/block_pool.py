@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from labkit.engine.events import BlocksCached, BlocksEvicted, EventBus
-from labkit.engine.kv.block_keys import NO_KEYS, trace_key
+from labkit.engine.kv.block_keys import NO_KEYS
 from labkit.engine.kv.free_queue import (EAGER_BLOCKS, FreeBlockQueue, grown, link_one,
                                          pop_head, unlink_one, walk_head)
 from labkit.engine.kv.key_index import KeyIndex, claim_slot, clear_slot
@@ -395,9 +395,17 @@ def _held_trace_prefix(slot, pending, ids, r: int, split: bool, lent_at, lent_ke
     """`_held_prefix` of trace keys start .. stop - 1, made as `_trace_keys` makes them;
     on a key outside the array: (the blocks before it, False)."""
     out = np.empty(max(stop - start, 0), dtype=np.int32)
-    p = np.searchsorted(lent_at, start)
+    p = 0  # the first lent key not below j
+    while p < len(lent_at) and lent_at[p] < start:
+        p += 1
     for j in range(start, stop):
-        key, p = trace_key(ids, r, split, lent_at, lent_keys, j, p)
+        if not split:
+            key = ids[(j + 1) * r - 1]
+        elif p < len(lent_at) and lent_at[p] == j:
+            key = lent_keys[p]
+            p += 1
+        else:
+            key = ids[j // r] * r + j % r
         if key < 0 or key >= len(slot):
             return out[: j - start], False
         b = slot[key] - 1
