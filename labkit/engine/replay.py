@@ -157,7 +157,7 @@ class TraceFeeder:
         by nothing else, so the last of them takes it out: a session keeps only the
         hints some call of it will still inherit (each holds its whole prefix's blocks:
         kept for every finished call, they grew by ~0.1 MB per simulated second on
-        `labkit bench sim`'s fast workload)."""
+        `labkit bench sim`'s fast workload). The parent's keys, kept to lend, go with it."""
         left = self._children_left.pop(parent, 0) - 1
         if left > 0:
             self._children_left[parent] = left
