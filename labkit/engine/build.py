@@ -80,6 +80,12 @@ class Ranks:
     def window(self, rank: int):
         return self.kv(rank).window
 
+    def play_until(self, ranks, now: float) -> None:
+        """The fast-forwarded runs of these ranks' instances played up to `now` (their
+        KV work and steps: `Instance.sync`)."""
+        for instance in {id(i): i for i in map(self._instance_of.get, ranks)}.values():
+            instance.sync(now, cut=False)
+
     def lookup(self, rank: int, req, now: float):
         """req's prefix as `rank` caches it at `now`, for a fetch: its fast-forwarded run
         played up to now where that matters (`Instance.lookup_at`)."""
@@ -139,8 +145,10 @@ def _offload(engine, ranks: Ranks, outbox: Outbox) -> Offload | None:
     # -- a plane that computes gets the tier moves as step commands (`TierMoves`) and
     #    reports the block files it wrote; the digests stay here (`kv/block_check.py`) --
     outbox = outbox if engine.data_plane.computes else None
+    runs = engine.config.sim_fast_forward and engine.data_plane.supports_runs
     return Offload(engine.config, engine.hardware, engine.layout, engine.placement,
                    engine.block_size, engine.block_layout, engine.layout.num_dp_ranks,
                    engine.events, engine.prefill_seconds, ranks.table,
                    snapshots_of=ranks.snapshots if m.linear_layers else None,
-                   window_of=ranks.window if m.sliding_window_layers else None, outbox=outbox)
+                   window_of=ranks.window if m.sliding_window_layers else None, outbox=outbox,
+                   play_until=ranks.play_until if runs else None)

@@ -197,7 +197,7 @@ class Engine(Arrivals):
     def extra_summary(self) -> dict:
         """Summary entries of the optional mechanisms: offload tiers, HiSparse, hybrid
         models' window and state snapshots."""
-        out = self.offload.summary() if self.offload is not None else {}
+        out = self.offload.summary(self.now) if self.offload is not None else {}
         allocated = sum(s.kv.slots_allocated for s in self.schedulers)
         used = sum(s.kv.slots_used for s in self.schedulers)
         out["kv_internal_fragmentation"] = 1.0 - used / allocated if allocated else 0.0

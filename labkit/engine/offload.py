@@ -24,7 +24,18 @@ sliding-window layers for the window behind it (`window_of`; window pages are wr
 through like blocks, under their own keys, and loaded with the prefix).
 
 Each DP rank's PCIe links carry one load at a time: a load starts when the previous
-one on that rank has landed. Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`);
+one on that rank has landed.
+
+**A store shared by instances that fast-forward.** Where several independent
+instances share a node's store (dp8 on one node), step-by-step simulation writes their
+blocks through in time order, step by step across the instances. Fast-forwarded runs
+play late — a run's steps when it commits, or when someone syncs it — so their writes
+would reach the store out of that order (and a tier's LRU order and evictions depend on
+it), and an instance reading the store at a commit would miss writes other instances'
+runs have not played yet. So with runs (`deferred`), writes wait in the store's
+`pending` list; before the store is read at time t, the instances sharing it are
+played up to t (`play_until`) and the writes are applied in time order. Writes carry
+their step's time; ties go in the order they were played. Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`);
 a replica larger than a node pools its nodes' tiers.
 """
 
@@ -51,10 +62,13 @@ class Offload:
                  block_table: Callable[[object], object], *,
                  snapshots_of: Callable[[int], object] | None = None,
                  window_of: Callable[[int], object] | None = None,
-                 outbox=None) -> None:
+                 outbox=None, play_until: Callable[[range, float], None] | None = None) -> None:
         """`block_layout`: how a block sits in GPU memory (`kv/packing.py`);
         `prefill_seconds(new_tokens, context)`: the cost model's time to recompute;
-        `block_table(request)`: its block ids on its rank. The rest, see below."""
+        `block_table(request)`: its block ids on its rank; `play_until(ranks, t)`: plays
+        the fast-forwarded runs of these ranks up to t — given where runs play late,
+        writes then wait for the store to be read (see the module docstring). The
+        rest, see below."""
         self.block_size = block_size
         self.block_table = block_table
         # hybrid models: rank -> its state snapshots (a loaded prefix must end at one),
@@ -81,6 +95,11 @@ class Offload:
             for i in range(math.ceil(num_ranks / self.ranks_per_store))
         ]
         self._link_free_s = [0.0] * num_ranks
+        self.num_ranks = num_ranks
+        self.play_until = play_until
+        # per store, writes not applied yet: (time, order played, rank, blocks, keys)
+        self.pending: list[list] | None = None if play_until is None else \
+            [[] for _ in self.stores]
         self._declined: set[str] = set()
         self._located: dict[str, tuple] = {}  # request -> (store version, first, found)
 
@@ -89,10 +108,33 @@ class Offload:
 
     # ---------------------------------------------------------------- write
     def cached(self, rank: int, blocks, keys, now: float) -> None:
-        store = self.store_of(rank)
+        """Newly cached blocks of `rank`, written through at `now` (or held until the
+        store is read, where runs play late)."""
+        if self.pending is None:
+            self._write(self.store_of(rank), rank, blocks, keys, now)
+            return
+        pending = self.pending[rank // self.ranks_per_store]
+        pending.append((now, len(pending), rank, np.array(blocks), np.array(keys)))
+
+    def _write(self, store: NodeStore, rank: int, blocks, keys, now: float) -> None:
         moves = store.store(keys, rank, blocks)
         if moves:
             self._moved(store, moves, now)
+
+    def catch_up(self, store: NodeStore, now: float) -> None:
+        """The store as step-by-step simulation has it at `now`: the runs of the ranks
+        sharing it played up to now, their writes applied in time order."""
+        if self.pending is None:
+            return
+        lo = store.index * self.ranks_per_store
+        self.play_until(range(lo, min(lo + self.ranks_per_store, self.num_ranks)), now)
+        pending = self.pending[store.index]
+        if not pending:
+            return
+        pending.sort(key=lambda w: (w[0], w[1]))
+        for t, _, rank, blocks, keys in pending:
+            self._write(store, rank, blocks, keys, t)
+        pending.clear()
 
     def _moved(self, store: NodeStore, moves: list, now: float) -> None:
         self._apply(store, moves)
@@ -113,6 +155,7 @@ class Offload:
         if first >= limit:
             return None
         store = self.store_of(req.rank)
+        self.catch_up(store, now)
         found, load_s, recompute_s = self._costs(req, store, first, limit)
         readable = self._readable(store, keys.keys(first, first + len(found)).tolist(), found)
         if readable < len(found):  # recompute from the first unreadable block on
@@ -278,9 +321,13 @@ class Offload:
         self.outbox.send(TierMoves(store.index, [Move("discard", key, "disk")]))
 
     # --------------------------------------------------------------- report
-    def summary(self) -> dict:
+    def summary(self, now: float = math.inf) -> dict:
+        """The tiers' counters at `now` (the engine's time; by default, of every write
+        so far)."""
         if self.outbox is not None:
             self._settle()
+        for store in self.stores:
+            self.catch_up(store, now)
         out = {}
         for name in [t.name for t in self.stores[0].tiers]:
             stats = [s.stats()[name] for s in self.stores]
