@@ -372,12 +372,13 @@ class Engine(Arrivals):
     def _arrive(self, req: Request) -> None:
         if self.events.wants(RequestArrived):
             self.events.emit(RequestArrived(self.now, req.request_id, req.session_id))
-        if self.router.reads_progress or self.offload is not None:
+        if self.router.reads_progress:
             for instance in self.instances:  # let fast-forwarded runs catch up to now...
                 instance.sync(self.now, cut=False)
         # (otherwise the router reads only what a run leaves unchanged until it ends —
-        # queue lengths, sessions' homes — and a rank's KV is played up to a time when
-        # another rank fetches from it: the other runs play on when they commit)
+        # queue lengths, sessions' homes — a rank's KV is played up to a time when
+        # another rank fetches from it, and a node's offload store when it is read
+        # (`offload.py`): the other runs play on when they commit)
         rank = self.router.route(req, self.now)
         target = self._instance_of[rank]
         # ...and cut the one the newcomer joins; the others' runs go on (a step-by-step

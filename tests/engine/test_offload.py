@@ -210,20 +210,39 @@ def test_a_sliding_window_models_load_brings_the_window_behind_the_prefix():
     assert tiers["prefix_cache_hit_rate"] > plain["prefix_cache_hit_rate"] + 0.3
 
 
-def test_instances_sharing_a_node_store_write_through_as_step_by_step_does():
-    """dp8 on one node: eight instances, one host tier. Step by step writes their blocks
-    through in time order; fast-forwarded runs play late, so their writes wait and are
-    applied in time order when the store is read (`offload.py`). The tier's counters
-    and the write-through events then agree with step by step, bit for bit."""
-    trace = small_agentx(7, seed=219610)
+
+SHARED_STORES = {
+    # eight instances writing through to one host tier that fills: the order of the
+    # writes decides what it evicts
+    "dp8, a full tier": (dict(model="tiny-llama", layout="dp8", cpu_kv_gib=0.01),
+                         dict(sessions=7, seed=219610, concurrency=8, start_part_way=True)),
+    # a call whose prefix is on the other rank and in the tier: which source wins
+    # depends on what the tier holds when the call is admitted
+    "dp2, fetch or load": (dict(model="deepseek-v3", layout="dp2", router="round_robin",
+                                long_prefill_token_threshold=1024,
+                                num_gpu_blocks_override=300, cpu_kv_gib=0.1,
+                                moe_routing="power_law_1.01"),
+                           dict(sessions=11, seed=268383, concurrency=4,
+                                start_part_way=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARED_STORES))
+def test_instances_sharing_a_node_store_see_it_as_step_by_step_does(name):
+    """Independent instances sharing a node's store: step by step writes their blocks
+    through in time order and reads what was written before; fast-forwarded runs play
+    late, so their writes wait, and a read first plays the sharing ranks up to its
+    time and applies the writes in time order (`offload.py`). Tables, summary and the
+    write-through events then agree with step by step, bit for bit."""
+    knobs, load = SHARED_STORES[name]
+    trace = small_agentx(load.pop("sessions"), seed=load.pop("seed"))
     runs, logs = [], []
     for ff in (False, True):
-        engine = Engine("tiny-llama", "dp8", "h200", cpu_kv_gib=0.01, sim_fast_forward=ff)
+        engine = Engine(hardware="h200", sim_fast_forward=ff, **knobs)
         log = []
         engine.events.subscribe(lambda e, log=log: log.append(
             (e.t, e.store, e.num_stored, e.num_demoted, e.num_dropped)), KVOffloaded)
-        runs.append(engine.replay(trace, concurrency=8, duration_s=60, max_idle_s=2.0,
-                                  start_part_way=True))
+        runs.append(engine.replay(trace, duration_s=60, max_idle_s=2.0, **load))
         logs.append(log)
     step, ff = runs
     assert step.summary["cpu_tier_evicted_blocks"] > 1000  # the tier is full: order matters
