@@ -132,6 +132,10 @@ class Engine(Arrivals):
         self.now = 0.0
         self.stop_s = math.inf
         self._timers: list = []
+        # (timers count on their own: `Request.seq`, the arrivals' count, must not depend
+        # on how many steps were timed, fewer where runs fast-forward: P/D orders
+        # hand-overs landing together by it, across decode groups)
+        self._timer_seq = 0
         self._waking: dict[int, float] = {}  # instance -> time of its pending plan event
         self._held_up: set[int] = set()  # instances waiting for KV held for others to free
         self.requests: dict[str, Request] = {}
@@ -365,8 +369,8 @@ class Engine(Arrivals):
         they were scheduled, which differs between a run fast-forwarded and stepped (two
         ranks ending the same work at the same float time, a call arriving as one of them
         finishes, saw the other's call still running in one and finished in the other)."""
-        self._seq += 1
-        heapq.heappush(self._timers, (t, kind, instance.index, self._seq, instance,
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (t, kind, instance.index, self._timer_seq, instance,
                                       instance.plan_version))
 
     def _arrive(self, req: Request) -> None:

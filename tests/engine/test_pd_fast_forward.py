@@ -66,3 +66,30 @@ def test_slow_hand_overs_stay_on_the_wire_for_many_decode_steps():
     decode_step = result.steps[result.steps.role == "decode"].duration_s.median()
     moves = pd.DataFrame(engine.transfers)
     assert (moves.seconds > 10 * decode_step).mean() > 0.25
+
+
+def test_hand_overs_landing_together_free_the_prefill_side_in_one_order_either_way():
+    """A looped trace's copies of a call, prefilled in one step and handed to two decode
+    groups, land at the same time; their prefill blocks are freed in the order of the
+    calls' `seq`, which must not depend on the path (the engine's step timers once
+    shared its count: step by step, a group numbered its arrivals past hundreds of
+    timers, fast-forwarded past a few). The order of those frees decides which copy's
+    prefix the prefill rank evicts first."""
+    trace = small_agentx(3, seed=780656)
+    results, seqs = [], []
+    for ff in (False, True):
+        engine = PDEngine("tiny-llama", prefill_layout="dp2", decode_layout="dp4",
+                          num_prefill=1, num_decode=2, hardware="h100",
+                          max_num_batched_tokens=16384, num_gpu_blocks_override=1500,
+                          decode_knobs=dict(num_speculative_tokens=2, acceptance_length=2.5),
+                          sim_fast_forward=ff)
+        results.append(engine.replay(trace, concurrency=16, duration_s=10, max_idle_s=2.0,
+                                     start_part_way=False))
+        seqs.append({rid: r.seq for rid, r in engine.requests.items()})
+        landing_together = len(engine.transfers) - len(
+            {round(t["start_s"] + t["seconds"], 12) for t in engine.transfers})
+    assert landing_together > 10
+    assert seqs[0] == seqs[1]
+    step, fast = results
+    pd.testing.assert_frame_equal(fast.requests, step.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, step.steps, check_exact=True)
