@@ -32,11 +32,13 @@ blocks through in time order, step by step across the instances. Fast-forwarded 
 play late — a run's steps when it commits, or when someone syncs it — so their writes
 would reach the store out of that order (and a tier's LRU order and evictions depend on
 it), and an instance reading the store at a commit would miss writes other instances'
-runs have not played yet. So with runs (`deferred`), writes wait in the store's
-`pending` list; before the store is read at time t, the instances sharing it are
-played up to t (`play_until`) and the writes are applied in time order. Writes carry
-their step's time; ties go in the order they were played. Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`);
-a replica larger than a node pools its nodes' tiers.
+runs have not played yet. So where runs play late (`play_until` given), writes wait
+in the store's `pending` list; before the store is read at time t (`catch_up`), the
+instances sharing it are played up to t and the writes are applied in time order. Writes carry
+their step's time; ties go in the order they were played.
+
+Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`); a replica larger than a node
+pools its nodes' tiers.
 """
 
 from __future__ import annotations

@@ -1,0 +1,32 @@
+"""A few fixed seeds of the paths fuzzer (`tests/fuzz_paths.py`): random presets,
+layouts, knobs and loads, each replayed on the reference path and the default, bit for
+bit. The fuzzer runs for as long as one likes from the command line; these seeds keep a
+broad sample of it in the suite (~30 s)."""
+
+import random
+
+import pytest
+
+from tests.fuzz_paths import check_case, random_case
+
+SAMPLES = {  # against which path, P/D or not, seeds, how many must be legal cases
+    "fast-forward, one engine": ("step", False, range(30), 20),
+    "fast-forward, P/D": ("step", True, range(22), 15),
+    "memo": ("memo", False, range(40, 56), 8),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_fixed_seeds_of_the_paths_fuzzer_agree_bit_for_bit(name):
+    against, pd, seeds, least = SAMPLES[name]
+    compared, differing = 0, []
+    for seed in seeds:
+        case = random_case(random.Random(seed), pd)
+        diff = check_case(case, against)
+        if diff is None:
+            continue  # knobs the engine refuses (a model too big for the layout, ...)
+        compared += 1
+        if diff:
+            differing.append((seed, diff, case))
+    assert not differing
+    assert compared >= least

@@ -1,0 +1,185 @@
+"""Differential fuzzing of the simulator's paths: one replay, two ways, bit for bit.
+
+The simulator has a reference path — every step scheduled, priced and committed on its
+own — and faster ones that must give the same tables and summary: fast-forwarded runs
+(`sim_fast_forward`) and the step model's memo (`sim_step_cache`). A random case is a
+preset, a legal layout, random knobs (budget, chunking, drafts, async scheduling, tight
+pools, routers, offload tiers, block sizes, CUDA-graph modes, MoE routing skew) and a
+random load (an AgentX-like closed loop, or open-loop random / shared-prefix /
+multi-turn traffic), on one engine or a P/D pair of groups. Each is replayed both ways
+and compared: requests, steps and summary (wall-clock entries aside).
+
+    python tests/fuzz_paths.py SEED SECONDS [--against step|memo] [--pd] [--out DIR]
+
+runs random cases for SECONDS, prints a line per case that differs or crashes, and
+pickles each such case (knobs, trace, replay options) into DIR for `replay_case`.
+`tests/engine/test_fuzz_paths.py` runs a few fixed seeds of it in the suite. Sessions
+25-28 found six engine bugs with it (NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from labkit import Engine, generate_agentx_trace  # noqa: E402
+from labkit.engine.disagg import PDEngine  # noqa: E402
+from labkit.errors import ConfigError  # noqa: E402
+from labkit.specs.config import CUDAGRAPH_MODES, MOE_ROUTINGS, ROUTER_POLICIES  # noqa: E402
+from labkit.traces import (generate_multi_turn_trace, generate_random_trace,  # noqa: E402
+                           generate_shared_prefix_trace)
+from tests.support import SMALL_AGENTX  # noqa: E402
+
+MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-120b", "qwen3-14b", "mixtral-8x7b",
+          "deepseek-v3", "kimi-linear-48b-a3b", "tiny-llama", "tiny-qwen3-moe",
+          "tiny-deepseek-v3", "tiny-deepseek-v3.2", "tiny-kimi-linear", "tiny-gpt-oss"]
+LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp3", "dp4", "dp8", "dp16", "tp2xdp2", "tp8xdp2",
+           "dep4", "dep8"]
+PD_LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp4", "tp2xdp2", "dep4"]
+WALL = ("wall_s", "sim_speed")  # the summary's wall-clock entries
+
+
+def random_case(rng: random.Random, pd: bool = False) -> dict:
+    """A case: {"pd", "model", "knobs", "trace" (kind and arguments), "replay"}."""
+    pick = rng.random
+    knobs = dict(hardware=rng.choice(["h200", "h100"]))
+    for name, p, values in (
+            ("max_num_batched_tokens", .3, [512, 2048, 4096, 16384]),
+            ("long_prefill_token_threshold", .3, [64, 256, 1024]),
+            ("max_num_seqs", .25, [2, 4, 8, 32]),
+            ("num_gpu_blocks_override", .35, [800, 1500, 3000, 8000]),
+            ("scheduling_policy", .15, ["fcfs", "priority"]),
+            ("async_scheduling", .2, [False, True]),
+            ("cpu_kv_gib", .25, [0.002, 0.01, 0.1, 2.0]),
+            ("block_size", .15, [8, 16, 32]),
+            ("prefill_schedule_interval", .1, [1, 2, 4]),
+            ("kv_cache_dtype", .1, ["fp8"]),
+            ("cudagraph_mode", .1, list(CUDAGRAPH_MODES)),
+            ("moe_routing", .1, list(MOE_ROUTINGS))):
+        if pick() < p:
+            knobs[name] = rng.choice(values)
+    if knobs.get("cpu_kv_gib") and pick() < .3:
+        knobs["disk_kv_gib"] = rng.choice([0.05, 1.0])
+    if pd:
+        knobs.update(prefill_layout=rng.choice(PD_LAYOUTS), decode_layout=rng.choice(PD_LAYOUTS),
+                     num_prefill=rng.randint(1, 2), num_decode=rng.randint(1, 2))
+        if pick() < .3:
+            knobs["decode_knobs"] = dict(num_speculative_tokens=2, acceptance_length=2.5)
+    else:
+        knobs["layout"] = rng.choice(LAYOUTS)
+        if pick() < .5:
+            knobs["router"] = rng.choice(list(ROUTER_POLICIES))
+        if pick() < .25:
+            drafts = rng.choice([1, 2, 3])
+            knobs.update(num_speculative_tokens=drafts,
+                         acceptance_length=round(1 + drafts * rng.choice([0.5, 0.8, 1.0]), 2))
+    seed = rng.randint(0, 10**6)
+    kind = rng.choice(["agentx", "agentx", "random", "shared-prefix", "multi-turn"])
+    rate, burst = rng.choice([2.0, 8.0, 30.0]), rng.choice([0.5, 1.0, 3.0])
+    if kind == "agentx":
+        trace = dict(sessions=rng.randint(3, 12), seed=seed, block_size=rng.choice([16, 64]))
+        replay = dict(concurrency=rng.choice([2, 4, 8, 16]), start_part_way=pick() < .4)
+    elif kind == "random":
+        trace = dict(num_prompts=rng.randint(20, 120), input_len=rng.choice([256, 1024, 3000]),
+                     output_len=rng.choice([16, 64, 200]), range_ratio=rng.choice([0, .5]),
+                     prefix_len=rng.choice([0, 200]), request_rate=rate, burstiness=burst,
+                     seed=seed, block_size=16)
+        replay = dict(open_loop=True)
+    elif kind == "shared-prefix":
+        trace = dict(num_groups=rng.randint(2, 6), prompts_per_group=rng.randint(3, 10),
+                     system_prompt_len=rng.choice([500, 2000]),
+                     question_len=rng.choice([50, 300]), output_len=rng.choice([30, 150]),
+                     request_rate=rate, burstiness=burst, seed=seed, block_size=16)
+        replay = dict(open_loop=True)
+    else:
+        trace = dict(num_sessions=rng.randint(3, 15), turns=rng.randint(2, 6),
+                     system_prompt_len=rng.choice([0, 400]), input_len=rng.choice([100, 500]),
+                     output_len=rng.choice([30, 150]), think_time_s=rng.choice([0.0, 1.0]),
+                     request_rate=rate, burstiness=burst, seed=seed, block_size=16)
+        replay = dict(open_loop=True)
+    replay.update(duration_s=rng.choice([10, 30, 60, 120]), max_idle_s=2.0)
+    return dict(pd=pd, model=rng.choice(MODELS), knobs=knobs, trace=(kind, trace),
+                replay=replay)
+
+
+def make_trace(kind: str, args: dict):
+    if kind == "agentx":
+        args = dict(args)
+        return generate_agentx_trace(args.pop("sessions"), **args, **SMALL_AGENTX)
+    return {"random": generate_random_trace, "shared-prefix": generate_shared_prefix_trace,
+            "multi-turn": generate_multi_turn_trace}[kind](**args)
+
+
+def replay_case(case: dict, trace=None, **path):
+    """The case's replay with the path knobs given (sim_fast_forward, sim_step_cache)."""
+    trace = make_trace(*case["trace"]) if trace is None else trace
+    cls = PDEngine if case["pd"] else Engine
+    engine = cls(case["model"], **case["knobs"], **path)
+    return engine.replay(trace, **case["replay"])
+
+
+PATHS = {"step": (dict(sim_fast_forward=False), {}),  # reference, then the default
+         "memo": (dict(sim_step_cache=False), {})}
+
+
+def differs(a, b) -> list[str]:
+    """What differs between two results: "requests", "steps", summary keys."""
+    out = [name for name in ("requests", "steps")
+           if not getattr(a, name).equals(getattr(b, name))]
+    keys = (set(a.summary) | set(b.summary)) - set(WALL)
+    out += sorted(k for k in keys if json.dumps(a.summary.get(k), default=str)
+                  != json.dumps(b.summary.get(k), default=str))
+    return out
+
+
+def check_case(case: dict, against: str = "step") -> list[str] | None:
+    """What differs between the case's replay on the reference path and the default;
+    None where the case's knobs are refused (a ConfigError: not a legal case)."""
+    trace = make_trace(*case["trace"])
+    try:
+        results = [replay_case(case, trace, **path) for path in PATHS[against]]
+    except ConfigError:
+        return None
+    return differs(*results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("seed", type=int)
+    ap.add_argument("seconds", type=float)
+    ap.add_argument("--against", choices=list(PATHS), default="step")
+    ap.add_argument("--pd", action="store_true", help="P/D pairs of groups")
+    ap.add_argument("--out", type=Path, default=Path("fuzz-cases"))
+    args = ap.parse_args()
+    rng, end = random.Random(args.seed), time.time() + args.seconds
+    done = refused = bad = 0
+    while time.time() < end:
+        case = random_case(rng, args.pd)
+        try:
+            diff = check_case(case, args.against)
+        except Exception:  # noqa: BLE001 — a crash is a finding, reported with the case
+            diff = ["crash: " + traceback.format_exc(limit=3)]
+        if diff is None:
+            refused += 1
+            continue
+        done += 1
+        if diff:
+            bad += 1
+            args.out.mkdir(exist_ok=True)
+            path = args.out / f"case-{args.seed}-{done}.pkl"
+            path.write_bytes(pickle.dumps(case))
+            print(f"DIFF {diff} {case['model']} {case['knobs']} {case['trace']} "
+                  f"{case['replay']} -> {path}", flush=True)
+    print(f"{done} cases compared ({refused} refused by their knobs), {bad} differ")
+
+
+if __name__ == "__main__":
+    main()
