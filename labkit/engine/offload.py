@@ -26,16 +26,18 @@ through like blocks, under their own keys, and loaded with the prefix).
 Each DP rank's PCIe links carry one load at a time: a load starts when the previous
 one on that rank has landed.
 
-**A store shared by instances that fast-forward.** Where several independent
-instances share a node's store (dp8 on one node), step-by-step simulation writes their
-blocks through in time order, step by step across the instances. Fast-forwarded runs
-play late — a run's steps when it commits, or when someone syncs it — so their writes
-would reach the store out of that order (and a tier's LRU order and evictions depend on
-it), and an instance reading the store at a commit would miss writes other instances'
-runs have not played yet. So where runs play late (`play_until` given), writes wait
-in the store's `pending` list; before the store is read at time t (`catch_up`), the
-instances sharing it are played up to t and the writes are applied in time order. Writes carry
-their step's time; ties go in the order they were played.
+**A store shared by instances that fast-forward.** Where several independent instances
+share a node's store (dp8 on one node), step-by-step simulation writes their blocks
+through in time order, step by step across the instances. Fast-forwarded runs play late
+— a run's steps when it commits, or when someone syncs it — so their writes would reach
+the store out of that order (and a tier's LRU order and evictions depend on it), and an
+instance reading the store at a commit would miss writes other instances' runs have not
+played yet. So where runs play late (`play_until` given), writes wait in the store's
+`pending` list; before the store is read at time t (`catch_up`), the instances sharing
+it are played up to t and the writes are applied in time order. Writes carry their
+step's time; writes at the same time go rank by rank (the order of step-by-step's
+commits, within a lockstep instance and across independent ones), then in the order they
+were played.
 
 Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`); a replica larger than a node
 pools its nodes' tiers.
@@ -133,7 +135,7 @@ class Offload:
         pending = self.pending[store.index]
         if not pending:
             return
-        pending.sort(key=lambda w: (w[0], w[1]))
+        pending.sort(key=lambda w: (w[0], w[2], w[1]))  # (time, rank, order played)
         for t, _, rank, blocks, keys in pending:
             self._write(store, rank, blocks, keys, t)
         pending.clear()
