@@ -83,7 +83,7 @@ class Ranks:
     def play_until(self, ranks, now: float) -> None:
         """The fast-forwarded runs of these ranks' instances played up to `now` (their
         KV work and steps: `Instance.sync`)."""
-        for instance in {id(i): i for i in map(self._instance_of.get, ranks)}.values():
+        for instance in dict.fromkeys(map(self._instance_of.get, ranks)):
             instance.sync(now, cut=False)
 
     def lookup(self, rank: int, req, now: float):
