@@ -86,8 +86,8 @@ def test_hand_overs_landing_together_free_the_prefill_side_in_one_order_either_w
         results.append(engine.replay(trace, concurrency=16, duration_s=10, max_idle_s=2.0,
                                      start_part_way=False))
         seqs.append({rid: r.seq for rid, r in engine.requests.items()})
-        landing_together = len(engine.transfers) - len(
-            {round(t["start_s"] + t["seconds"], 12) for t in engine.transfers})
+    landing_together = len(engine.transfers) - len(
+        {round(t["start_s"] + t["seconds"], 12) for t in engine.transfers})
     assert landing_together > 10
     assert seqs[0] == seqs[1]
     step, fast = results
