@@ -3,18 +3,21 @@
 The simulator has a reference path — every step scheduled, priced and committed on its
 own — and faster ones that must give the same tables and summary: fast-forwarded runs
 (`sim_fast_forward`) and the step model's memo (`sim_step_cache`). A random case is a
-preset, a legal layout, random knobs (budget, chunking, drafts, async scheduling, tight
-pools, routers, offload tiers, block sizes, CUDA-graph modes, MoE routing skew) and a
-random load (an AgentX-like closed loop, or open-loop random / shared-prefix /
-multi-turn traffic), on one engine or a P/D pair of groups. Each is replayed both ways
-and compared: requests, steps and summary (wall-clock entries aside).
+preset, a legal layout (PP, DCP, PCP, KVPP and EP among them), random knobs (budget,
+chunking, drafts, async scheduling, tight pools, routers, offload tiers, block sizes,
+CUDA-graph modes, MoE routing skew, a short max_model_len with oversized calls
+skipped), a random load (an AgentX-like closed loop, or open-loop random /
+shared-prefix / multi-turn traffic), on one engine or a P/D pair of groups, and
+sometimes subscribers to a few engine events (which turn batched KV work and runs'
+leaving off). Each is replayed both ways and compared: requests, steps and summary
+(wall-clock entries aside), and how many events of each kind came.
 
     python tests/fuzz_paths.py SEED SECONDS [--against step|memo] [--pd] [--out DIR]
 
 runs random cases for SECONDS, prints a line per case that differs or crashes, and
 pickles each such case (knobs, trace, replay options) into DIR for `replay_case`.
 `tests/engine/test_fuzz_paths.py` runs a few fixed seeds of it in the suite. Sessions
-25-28 found six engine bugs with it (NOTES.md).
+25-29 found seven engine bugs with it (NOTES.md).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import Engine, generate_agentx_trace  # noqa: E402
+from labkit.engine import events  # noqa: E402
 from labkit.engine.disagg import PDEngine  # noqa: E402
 from labkit.errors import ConfigError  # noqa: E402
 from labkit.specs.config import CUDAGRAPH_MODES, MOE_ROUTINGS, ROUTER_POLICIES  # noqa: E402
@@ -42,8 +46,19 @@ MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-120b", "qwen3-14b", "mixtral
           "deepseek-v3", "kimi-linear-48b-a3b", "tiny-llama", "tiny-qwen3-moe",
           "tiny-deepseek-v3", "tiny-deepseek-v3.2", "tiny-kimi-linear", "tiny-gpt-oss"]
 LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp3", "dp4", "dp8", "dp16", "tp2xdp2", "tp8xdp2",
-           "dep4", "dep8"]
-PD_LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp4", "tp2xdp2", "dep4"]
+           "dep4", "dep8", "pp2", "tp2xpp2", "dp2xpp2", "dep4xpp2", "dcp2", "tp4xdcp2",
+           "tp2xdcp2xdp2", "dep8xdcp2", "pcp2", "pcp2xdcp2", "tp2xkvpp2", "tp2xep2",
+           "dp2xtp2xep4"]
+PD_LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp4", "tp2xdp2", "dep4", "pp2", "dcp2", "pcp2"]
+# events a case may subscribe to (a subscriber changes the paths taken: no batched KV
+# work, no leaving runs); their counts must agree between the paths too
+WATCHED = ("RequestArrived", "RequestScheduled", "RequestPreempted", "FirstToken",
+           "RequestFinished", "BlocksAllocated", "BlocksFreed", "BlocksCached",
+           "BlocksEvicted", "CacheHit", "KVFetched", "KVOffloaded", "KVLoaded",
+           "StepStarted", "RequestTokens")
+COUNTED = ("RequestArrived", "RequestScheduled", "RequestPreempted", "FirstToken",
+           "RequestFinished", "BlocksAllocated", "BlocksFreed", "BlocksCached",
+           "BlocksEvicted", "CacheHit", "KVFetched", "KVOffloaded", "KVLoaded")
 WALL = ("wall_s", "sim_speed")  # the summary's wall-clock entries
 
 
@@ -66,6 +81,8 @@ def random_case(rng: random.Random, pd: bool = False) -> dict:
             ("moe_routing", .1, list(MOE_ROUTINGS))):
         if pick() < p:
             knobs[name] = rng.choice(values)
+    if pick() < .1:
+        knobs["max_model_len"] = rng.choice([2048, 8192])
     if knobs.get("cpu_kv_gib") and pick() < .3:
         knobs["disk_kv_gib"] = rng.choice([0.05, 1.0])
     if pd:
@@ -106,8 +123,11 @@ def random_case(rng: random.Random, pd: bool = False) -> dict:
                      request_rate=rate, burstiness=burst, seed=seed, block_size=16)
         replay = dict(open_loop=True)
     replay.update(duration_s=rng.choice([10, 30, 60, 120]), max_idle_s=2.0)
+    if "max_model_len" in knobs:
+        replay["on_oversize"] = "skip"
+    watch = sorted(rng.sample(WATCHED, rng.randint(1, 4))) if pick() < .25 else []
     return dict(pd=pd, model=rng.choice(MODELS), knobs=knobs, trace=(kind, trace),
-                replay=replay)
+                replay=replay, watch=watch)
 
 
 def make_trace(kind: str, args: dict):
@@ -123,7 +143,16 @@ def replay_case(case: dict, trace=None, **path):
     trace = make_trace(*case["trace"]) if trace is None else trace
     cls = PDEngine if case["pd"] else Engine
     engine = cls(case["model"], **case["knobs"], **path)
-    return engine.replay(trace, **case["replay"])
+    counts = {}
+    kinds = [getattr(events, name) for name in case.get("watch", ())]
+    buses = [e.events for e in engine.prefill + engine.decode] if case["pd"] else [engine.events]
+    for bus in buses if kinds else ():
+        bus.subscribe(lambda ev: counts.__setitem__(ev.kind, counts.get(ev.kind, 0) + 1),
+                      *kinds)
+    result = engine.replay(trace, **case["replay"])
+    result.event_counts = {k: v for k, v in counts.items()
+                           if k in {getattr(events, c).kind for c in COUNTED}}
+    return result
 
 
 PATHS = {"step": (dict(sim_fast_forward=False), {}),  # reference, then the default
@@ -137,6 +166,10 @@ def differs(a, b) -> list[str]:
     keys = (set(a.summary) | set(b.summary)) - set(WALL)
     out += sorted(k for k in keys if json.dumps(a.summary.get(k), default=str)
                   != json.dumps(b.summary.get(k), default=str))
+    counts = (getattr(a, "event_counts", {}), getattr(b, "event_counts", {}))
+    out += [f"events {k}: {counts[0].get(k)} vs {counts[1].get(k)}"
+            for k in sorted(set(counts[0]) | set(counts[1]))
+            if counts[0].get(k) != counts[1].get(k)]
     return out
 
 

@@ -166,7 +166,7 @@ class DecodeRun:
                 n = int(self.new[i, j])
                 if sub == 0:  # the copied prefix arrived (`Scheduler._schedule_running`)
                     req.kv_ready_s = 0.0
-                    kv.cache_full_blocks(req)
+                    kv.cache_full_blocks(req, starting=True)
                 elif kind == 2:
                     kv.register_blocks(req, req.num_computed_tokens + n)
                 elif not kv.allocate(req, n):

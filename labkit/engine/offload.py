@@ -37,7 +37,9 @@ played yet. So where runs play late (`play_until` given), writes wait in the sto
 it are played up to t and the writes are applied in time order. Writes carry their
 step's time; writes at the same time go rank by rank (the order of step-by-step's
 commits, within a lockstep instance and across independent ones), then in the order they
-were played.
+were played — except that the writes of steps ending then come before those of steps
+starting then (a prefix copied in that arrived: step by step, every instance commits
+the steps ending at a time before any plans the next).
 
 Sizes come in GiB per node (`cpu_kv_gib`, `disk_kv_gib`); a replica larger than a node
 pools its nodes' tiers.
@@ -101,7 +103,8 @@ class Offload:
         self._link_free_s = [0.0] * num_ranks
         self.num_ranks = num_ranks
         self.play_until = play_until
-        # per store, writes not applied yet: (time, order played, rank, blocks, keys)
+        # per store, writes not applied yet: (time, as a step starts, rank, order played,
+        # blocks, keys) — sorted so, the order step-by-step simulation applies them in
         self.pending: list[list] | None = None if play_until is None else \
             [[] for _ in self.stores]
         self._declined: set[str] = set()
@@ -111,14 +114,15 @@ class Offload:
         return self.stores[rank // self.ranks_per_store]
 
     # ---------------------------------------------------------------- write
-    def cached(self, rank: int, blocks, keys, now: float) -> None:
+    def cached(self, rank: int, blocks, keys, now: float, starting: bool = False) -> None:
         """Newly cached blocks of `rank`, written through at `now` (or held until the
-        store is read, where runs play late)."""
+        store is read, where runs play late); `starting`: as a step starts, not as one
+        ends (`KVManager.cache_full_blocks`)."""
         if self.pending is None:
             self._write(self.store_of(rank), rank, blocks, keys, now)
             return
         pending = self.pending[rank // self.ranks_per_store]
-        pending.append((now, len(pending), rank, np.array(blocks), np.array(keys)))
+        pending.append((now, starting, rank, len(pending), np.array(blocks), np.array(keys)))
 
     def _write(self, store: NodeStore, rank: int, blocks, keys, now: float) -> None:
         moves = store.store(keys, rank, blocks)
@@ -135,8 +139,8 @@ class Offload:
         pending = self.pending[store.index]
         if not pending:
             return
-        pending.sort(key=lambda w: (w[0], w[2], w[1]))  # (time, rank, order played)
-        for t, _, rank, blocks, keys in pending:
+        pending.sort(key=lambda w: w[:4])
+        for t, _, rank, _, blocks, keys in pending:
             self._write(store, rank, blocks, keys, t)
         pending.clear()
 

@@ -261,7 +261,7 @@ class Scheduler:
                 continue
             if req.kv_ready_s:
                 req.kv_ready_s = 0.0
-                self.kv.cache_full_blocks(req)  # the copied prefix arrived
+                self.kv.cache_full_blocks(req, starting=True)  # the copied prefix arrived
             if defer and _computes_prefill(req):
                 i += 1
                 continue

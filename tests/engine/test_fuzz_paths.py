@@ -10,8 +10,8 @@ import pytest
 from tests.fuzz_paths import check_case, random_case
 
 SAMPLES = {  # against which path, P/D or not, seeds, how many must be legal cases
-    "fast-forward, one engine": ("step", False, range(30), 20),
-    "fast-forward, P/D": ("step", True, range(22), 15),
+    "fast-forward, one engine": ("step", False, range(30), 18),
+    "fast-forward, P/D": ("step", True, range(22), 12),
     "memo": ("memo", False, range(40, 56), 8),
 }
 

@@ -183,7 +183,8 @@ def test_another_rank_sees_only_computed_blocks():
 
 def test_write_through_waits_for_the_step_that_computes_the_blocks():
     stored = []
-    kv = KVManager(16, BS, on_cached=lambda rank, blocks, keys, t: stored.append(blocks.tolist()))
+    kv = KVManager(16, BS, on_cached=lambda rank, blocks, keys, t, starting:
+                   stored.append(blocks.tolist()))
     a = request("r0", 64)
     assert kv.allocate(a, 40)
     kv.register_blocks(a, 40)

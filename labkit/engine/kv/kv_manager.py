@@ -338,10 +338,12 @@ class KVManager:
             return
         self._register(req, table, self._full_blocks(req, table, num_tokens), pending=True)
 
-    def cache_full_blocks(self, req) -> None:
+    def cache_full_blocks(self, req, starting: bool = False) -> None:
         """After a step: register the blocks req has now completely computed (unless
         registered ahead) and pass them on — write-through to the offload tiers, the
-        state snapshot a hybrid model owes at a boundary it has passed."""
+        state snapshot a hybrid model owes at a boundary it has passed. `starting`: as
+        a step starts instead (a prefix copied in has arrived): the tiers order the
+        writes of one time by it, a step's ends before the next step's starts."""
         table = self.tables.get(req.request_id)
         if table is None or req.keys is None or not self.pool.enable_caching:
             return
@@ -352,10 +354,11 @@ class KVManager:
         done = slice(table.num_written, full)
         self.pool.written(table.blocks[done])
         if self.window is not None:
-            self.window.write_through(req.request_id, req.keys, table.num_written, full)
+            self.window.write_through(req.request_id, req.keys, table.num_written, full,
+                                      starting)
         if self.on_cached is not None:
             self.on_cached(self.rank, table.blocks[done],
-                           req.keys.keys(table.num_written, full), self.pool.now)
+                           req.keys.keys(table.num_written, full), self.pool.now, starting)
         table.num_written = full
         boundary = self._checkpoints.get(req.request_id, 0)
         if boundary and full >= boundary:  # computed past a prefix seen before

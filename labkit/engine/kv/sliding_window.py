@@ -260,16 +260,17 @@ class SlidingWindow:
                                    self._page_keys_of(keys, start, full), request_id)
         table.num_keyed = full
 
-    def write_through(self, request_id: str, keys, start: int, full: int) -> None:
+    def write_through(self, request_id: str, keys, start: int, full: int,
+                      starting: bool = False) -> None:
         """Pass the SWA pages of blocks start..full-1, now computed, to the offload
-        tiers (those still held)."""
+        tiers (those still held); `starting` as `KVManager.cache_full_blocks`'s."""
         table = self.tables.get(request_id)
         if self.on_cached is None or table is None:
             return
         start = max(start, table.first_live)
         if start < full:
             self.on_cached(self.rank, table.pages[start:full].ravel(),
-                           self._page_keys_of(keys, start, full), self.pool.now)
+                           self._page_keys_of(keys, start, full), self.pool.now, starting)
 
     def _page_keys_of(self, keys, start: int, stop: int) -> np.ndarray:
         return np.concatenate([self.page_keys(keys.key(j)) for j in range(start, stop)])
