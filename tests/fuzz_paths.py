@@ -78,13 +78,19 @@ def random_case(rng: random.Random, pd: bool = False) -> dict:
             ("prefill_schedule_interval", .1, [1, 2, 4]),
             ("kv_cache_dtype", .1, ["fp8"]),
             ("cudagraph_mode", .1, list(CUDAGRAPH_MODES)),
-            ("moe_routing", .1, list(MOE_ROUTINGS))):
+            ("moe_routing", .1, list(MOE_ROUTINGS)),
+            ("enable_prefix_caching", .05, [False]),
+            ("enable_chunked_prefill", .08, [False]),
+            ("session_kv_migration", .15, ["recompute"]),
+            ("kv_layout", .1, ["packed"])):
         if pick() < p:
             knobs[name] = rng.choice(values)
     if pick() < .1:
         knobs["max_model_len"] = rng.choice([2048, 8192])
     if knobs.get("cpu_kv_gib") and pick() < .3:
         knobs["disk_kv_gib"] = rng.choice([0.05, 1.0])
+    if knobs.get("cpu_kv_gib") and pick() < .3:
+        knobs["kv_offload_eviction"] = "arc"
     if pd:
         knobs.update(prefill_layout=rng.choice(PD_LAYOUTS), decode_layout=rng.choice(PD_LAYOUTS),
                      num_prefill=rng.randint(1, 2), num_decode=rng.randint(1, 2))
@@ -126,8 +132,22 @@ def random_case(rng: random.Random, pd: bool = False) -> dict:
     if "max_model_len" in knobs:
         replay["on_oversize"] = "skip"
     watch = sorted(rng.sample(WATCHED, rng.randint(1, 4))) if pick() < .25 else []
-    return dict(pd=pd, model=rng.choice(MODELS), knobs=knobs, trace=(kind, trace),
-                replay=replay, watch=watch)
+    model = rng.choice(MODELS)
+    _model_knobs(rng, model, knobs)
+    return dict(pd=pd, model=model, knobs=knobs, trace=(kind, trace), replay=replay,
+                watch=watch)
+
+
+def _model_knobs(rng: random.Random, model: str, knobs: dict) -> None:
+    """Knobs only some models or layouts take (others refuse them: a wasted case)."""
+    if "deepseek-v3.2" in model and rng.random() < .3:  # a sparse indexer (DSA)
+        knobs["hisparse_buffer_tokens"] = rng.choice([256, 1024])
+    if "kimi-linear" in model and rng.random() < .4:  # linear-attention state
+        knobs["linear_state_retention"] = rng.choice(["interval", "selective", "none"])
+    if "dcp" in knobs.get("layout", "") and rng.random() < .4:
+        knobs["dcp_kv_cache_interleave_size"] = rng.choice([8, 64])
+    if "ep" in knobs.get("layout", "") and rng.random() < .2:
+        knobs.update(enable_eplb=True, num_redundant_experts=rng.choice([4, 16, 32]))
 
 
 def make_trace(kind: str, args: dict):
