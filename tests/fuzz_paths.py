@@ -17,7 +17,9 @@ leaving off). Each is replayed both ways and compared: requests, steps and summa
 runs random cases for SECONDS, prints a line per case that differs or crashes, and
 pickles each such case (knobs, trace, replay options) into DIR for `replay_case`.
 `tests/engine/test_fuzz_paths.py` runs a few fixed seeds of it in the suite. Sessions
-25-29 found seven engine bugs with it (NOTES.md).
+25-29 found seven engine bugs with it (NOTES.md). A process keeps native memory for each
+distinct model, layout and feature it meets (~7 MB a case on average; a case replayed
+again adds nothing): run it in chunks of ~20 minutes rather than for hours.
 """
 
 from __future__ import annotations

@@ -317,7 +317,10 @@ def _blocks_taken(held, new, have, block_size: int):
 @njit(cache=True)
 def _taken_by_rank(net, rank_of, free):
     """((k, R) blocks each rank has taken by the end of step j's start, how many steps
-    fit: the first that would take more than a rank's `free` blocks is not one)."""
+    fit: the first in which a request's allocation would find its rank short is not
+    one). The requests allocate one after the other, in the run's order: where some
+    free sliding-window pages as they go, one before them may be short although the
+    step as a whole frees more than it takes."""
     n, k = net.shape
     taken = np.zeros((k, len(free)), dtype=np.int64)
     fit = k
@@ -325,11 +328,10 @@ def _taken_by_rank(net, rank_of, free):
         for r in range(len(free)):
             taken[j, r] = taken[j - 1, r] if j else 0
         for i in range(n):
-            taken[j, rank_of[i]] += net[i, j]
-        if fit == k:
-            for r in range(len(free)):
-                if taken[j, r] > free[r]:
-                    fit = j
+            r = rank_of[i]
+            taken[j, r] += net[i, j]
+            if taken[j, r] > free[r] and fit == k:
+                fit = j
     return taken, fit
 
 

@@ -306,3 +306,44 @@ def test_instances_ending_together_commit_in_the_same_order_either_way():
     assert (ties > 1).any()  # some calls on different ranks finish at the same time
     pd.testing.assert_frame_equal(results[1].requests, results[0].requests, check_exact=True)
     pd.testing.assert_frame_equal(results[1].steps, results[0].steps, check_exact=True)
+
+
+def test_the_run_ends_where_a_request_would_find_its_rank_short_before_a_slide():
+    """The requests of a step allocate one after the other. Where one frees sliding-
+    window pages as it goes, the step as a whole may free more than it takes while a
+    request before it finds the pool short (step by step: a preemption). The run must
+    end before such a step (`_taken_by_rank` against the calls made one by one); it
+    used to plan through it, and its playback failed."""
+    import numpy as np
+
+    from labkit.engine.run_plan import _taken_by_rank
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n, k, ranks = int(rng.integers(1, 6)), int(rng.integers(1, 12)), int(rng.integers(1, 3))
+        rank_of = np.sort(rng.integers(0, ranks, n))
+        net = rng.integers(0, 4, (n, k)) - 30 * (rng.random((n, k)) < 0.15)
+        free = rng.integers(0, 12, ranks)
+        fit, held = k, np.zeros(ranks, dtype=np.int64)
+        for j in range(k):  # the calls one by one
+            for i in range(n):
+                held[rank_of[i]] += net[i, j]
+                if held[rank_of[i]] > free[rank_of[i]] and fit == k:
+                    fit = j
+        taken, got = _taken_by_rank(net, rank_of, free)
+        assert got == fit
+        assert (taken == np.stack([np.bincount(rank_of, net[:, j], ranks) for j in range(k)])
+                .cumsum(axis=0)).all()
+
+    # found by the paths fuzzer: gpt-oss-120b on a tight pool, long calls skipped
+    from labkit import generate_agentx_trace
+    from support import SMALL_AGENTX
+
+    trace = generate_agentx_trace(12, seed=780541, block_size=64, **SMALL_AGENTX)
+    results = [Engine("gpt-oss-120b", layout="dp2", hardware="h200", num_gpu_blocks_override=800,
+                      max_model_len=2048, sim_fast_forward=ff).replay(
+        trace, concurrency=16, start_part_way=True, duration_s=10, max_idle_s=2.0,
+        on_oversize="skip") for ff in (False, True)]
+    assert results[0].summary["preemptions"] > 0
+    pd.testing.assert_frame_equal(results[1].requests, results[0].requests, check_exact=True)
+    pd.testing.assert_frame_equal(results[1].steps, results[0].steps, check_exact=True)
