@@ -31,6 +31,7 @@ import random
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,14 +54,12 @@ LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp3", "dp4", "dp8", "dp16", "tp2xdp2", "
            "dp2xtp2xep4"]
 PD_LAYOUTS = ["tp1", "tp2", "tp4", "dp2", "dp4", "tp2xdp2", "dep4", "pp2", "dcp2", "pcp2"]
 # events a case may subscribe to (a subscriber changes the paths taken: no batched KV
-# work, no leaving runs); their counts must agree between the paths too
-WATCHED = ("RequestArrived", "RequestScheduled", "RequestPreempted", "FirstToken",
-           "RequestFinished", "BlocksAllocated", "BlocksFreed", "BlocksCached",
-           "BlocksEvicted", "CacheHit", "KVFetched", "KVOffloaded", "KVLoaded",
-           "StepStarted", "RequestTokens")
+# work, no leaving runs): how many of each came must agree between the paths, but for
+# the last two (one per run or per step)
 COUNTED = ("RequestArrived", "RequestScheduled", "RequestPreempted", "FirstToken",
            "RequestFinished", "BlocksAllocated", "BlocksFreed", "BlocksCached",
            "BlocksEvicted", "CacheHit", "KVFetched", "KVOffloaded", "KVLoaded")
+WATCHED = COUNTED + ("StepStarted", "RequestTokens")
 WALL = ("wall_s", "sim_speed")  # the summary's wall-clock entries
 
 
@@ -160,38 +159,34 @@ def make_trace(kind: str, args: dict):
             "multi-turn": generate_multi_turn_trace}[kind](**args)
 
 
-def replay_case(case: dict, trace=None, **path):
-    """The case's replay with the path knobs given (sim_fast_forward, sim_step_cache)."""
+def replay_case(case: dict, trace=None, counts: Counter | None = None, **path):
+    """The case's replay with the path knobs given (sim_fast_forward, sim_step_cache);
+    `counts`: filled with how many of each event the case watches came (by name)."""
     trace = make_trace(*case["trace"]) if trace is None else trace
     cls = PDEngine if case["pd"] else Engine
     engine = cls(case["model"], **case["knobs"], **path)
-    counts = {}
     kinds = [getattr(events, name) for name in case.get("watch", ())]
     buses = [e.events for e in engine.prefill + engine.decode] if case["pd"] else [engine.events]
+    seen = Counter() if counts is None else counts  # (the subscriber changes the paths)
     for bus in buses if kinds else ():
-        bus.subscribe(lambda ev: counts.__setitem__(ev.kind, counts.get(ev.kind, 0) + 1),
-                      *kinds)
-    result = engine.replay(trace, **case["replay"])
-    result.event_counts = {k: v for k, v in counts.items()
-                           if k in {getattr(events, c).kind for c in COUNTED}}
-    return result
+        bus.subscribe(lambda ev: seen.update([type(ev).__name__]), *kinds)
+    return engine.replay(trace, **case["replay"])
 
 
 PATHS = {"step": (dict(sim_fast_forward=False), {}),  # reference, then the default
          "memo": (dict(sim_step_cache=False), {})}
 
 
-def differs(a, b) -> list[str]:
-    """What differs between two results: "requests", "steps", summary keys."""
+def differs(a, b, counts=(Counter(), Counter())) -> list[str]:
+    """What differs between two results: "requests", "steps", summary keys, and the
+    counts of events (`replay_case`'s) where the paths must agree on them."""
     out = [name for name in ("requests", "steps")
            if not getattr(a, name).equals(getattr(b, name))]
     keys = (set(a.summary) | set(b.summary)) - set(WALL)
     out += sorted(k for k in keys if json.dumps(a.summary.get(k), default=str)
                   != json.dumps(b.summary.get(k), default=str))
-    counts = (getattr(a, "event_counts", {}), getattr(b, "event_counts", {}))
-    out += [f"events {k}: {counts[0].get(k)} vs {counts[1].get(k)}"
-            for k in sorted(set(counts[0]) | set(counts[1]))
-            if counts[0].get(k) != counts[1].get(k)]
+    out += [f"events {k}: {counts[0][k]} vs {counts[1][k]}" for k in COUNTED
+            if counts[0][k] != counts[1][k]]
     return out
 
 
@@ -199,11 +194,13 @@ def check_case(case: dict, against: str = "step") -> list[str] | None:
     """What differs between the case's replay on the reference path and the default;
     None where the case's knobs are refused (a ConfigError: not a legal case)."""
     trace = make_trace(*case["trace"])
+    counts = (Counter(), Counter())
     try:
-        results = [replay_case(case, trace, **path) for path in PATHS[against]]
+        results = [replay_case(case, trace, seen, **path)
+                   for seen, path in zip(counts, PATHS[against])]
     except ConfigError:
         return None
-    return differs(*results)
+    return differs(*results, counts)
 
 
 def main() -> None:
