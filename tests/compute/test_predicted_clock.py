@@ -8,12 +8,15 @@ exports) against the simulated ones it shares everything else with.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from compute_cases import FixedStepCost, agentic_trace
 
 from labkit.engine.disagg import PDEngine
 from labkit.engine.engine import Engine
 from labkit.errors import ConfigError
+from tests.fuzz_paths import check_case, random_compute_case
 
 
 def replay_both(make) -> tuple:
@@ -76,3 +79,19 @@ def test_pd_of_a_hybrid_model_needs_prefix_caching_alike_on_both_sides():
     with pytest.raises(ConfigError, match="enable_prefix_caching on both roles"):
         PDEngine("tiny-kimi-linear", "tp1", "tp1", backend="compute", clock="predicted",
                  cost_model=FixedStepCost(), prefill_knobs=dict(enable_prefix_caching=False))
+
+
+@pytest.mark.parametrize("pd, seeds, least", [(False, range(5, 8), 3), (True, range(100, 104), 3)],
+                         ids=["one engine", "P/D"])
+def test_fixed_seeds_of_the_fuzzers_compute_mode_schedule_as_the_sim(pd, seeds, least):
+    """A few seeds of `tests/fuzz_paths.py --against compute`: random tiny presets,
+    layouts (DP, EP, PP, DCP, PCP), knobs (small pools, budgets, offload tiers, block
+    sizes, caching or chunking off, routers) and the preset's own cost model or a fixed
+    one — the tables and summary as the sim's, bit for bit."""
+    compared = 0
+    for seed in seeds:
+        diff = check_case(random_compute_case(random.Random(seed), pd), "compute")
+        if diff is not None:
+            compared += 1
+            assert not diff, (seed, diff)
+    assert compared >= least

@@ -1,7 +1,7 @@
 """A few fixed seeds of the paths fuzzer (`tests/fuzz_paths.py`): random presets,
 layouts, knobs and loads, each replayed on the reference path and the default, bit for
 bit. The fuzzer runs for as long as one likes from the command line; these seeds keep a
-broad sample of it in the suite (~30 s)."""
+broad sample of it in the suite (~45 s)."""
 
 import random
 
@@ -13,6 +13,8 @@ SAMPLES = {  # against which path, P/D or not, seeds, how many must be legal cas
     "fast-forward, one engine": ("step", False, range(30), 18),
     "fast-forward, P/D": ("step", True, range(22), 12),
     "memo": ("memo", False, range(40, 56), 8),
+    "driven by hand": ("drive", False, range(60, 80), 12),
+    "driven by hand, P/D": ("drive", True, range(80, 88), 4),
 }
 
 
