@@ -5,7 +5,9 @@ own — and others that must give the same tables and summary: fast-forwarded ru
 (`sim_fast_forward`), the step model's memo (`sim_step_cache`), a replay driven by hand
 in slices as notebooks drive it (`--against drive`), and the compute plane on the
 predicted clock, whose real tensors change only the tokens (`--against compute`: tiny
-presets, their own generator `random_compute_case`). A random case is a
+presets, their own generator `random_compute_case`); and on the compute plane, ranks as
+processes against ranks as threads (`--against mp`), and the tokens a layout generates
+against one GPU's (`--against tp1`). A random case is a
 preset, a legal layout (PP, DCP, PCP, KVPP and EP among them), random knobs (budget,
 chunking, drafts, async scheduling, tight pools, routers, offload tiers, block sizes,
 CUDA-graph modes, MoE routing skew, a short max_model_len with oversized calls
@@ -15,8 +17,8 @@ sometimes subscribers to a few engine events (which turn batched KV work and run
 leaving off). Each is replayed both ways and compared: requests, steps and summary
 (wall-clock entries aside), and how many events of each kind came.
 
-    python tests/fuzz_paths.py SEED SECONDS [--against step|memo|drive|compute] [--pd]
-                               [--out DIR]
+    python tests/fuzz_paths.py SEED SECONDS [--against step|memo|drive|compute|mp|tp1]
+                               [--pd] [--out DIR]
 
 runs random cases for SECONDS, prints a line per case that differs or crashes, and
 pickles each such case (knobs, trace, replay options) into DIR for `replay_case`.
@@ -278,13 +280,17 @@ def drive_replay(engine, trace, options: dict, rng: random.Random):
 PATHS = {"step": (dict(sim_fast_forward=False), {}),  # reference, then the default
          "memo": (dict(sim_step_cache=False), {}),
          "drive": ({}, dict(drive=True)),  # one call, then driven by hand
-         "compute": (dict(backend="sim"), dict(backend="compute", clock="predicted"))}
+         "compute": (dict(backend="sim"), dict(backend="compute", clock="predicted")),
+         "mp": (dict(backend="compute", clock="predicted"),  # ranks as threads, then as
+                dict(backend="compute", clock="predicted", executor="mp")),  # processes
+         "tp1": (dict(backend="compute", clock="predicted"),) * 2}  # (`on_one_gpu`)
 
 
 def differs(a, b, counts=(Counter(), Counter())) -> list[str]:
     """What differs between two results: "requests", "steps", summary keys, and the
     counts of events (`replay_case`'s) where the paths must agree on them."""
-    out = [name for name in ("requests", "steps") if not _table(a, name).equals(_table(b, name))]
+    out = [name for name in ("requests", "steps")
+           if not _table(a, b, name).equals(_table(b, a, name))]
     keys = (set(a.summary) | set(b.summary)) - set(UNCOMPARED)
     out += sorted(k for k in keys if json.dumps(a.summary.get(k), default=str)
                   != json.dumps(b.summary.get(k), default=str))
@@ -293,10 +299,29 @@ def differs(a, b, counts=(Counter(), Counter())) -> list[str]:
     return out
 
 
-def _table(result, name: str):
-    """A result's table, but the compute plane's tokens (the sim has none)."""
+def _table(result, other, name: str):
+    """A result's table, but the compute plane's tokens where the other has none (the
+    sim)."""
     table = getattr(result, name)
-    return table.drop(columns="output_token_ids") if "output_token_ids" in table else table
+    return table.drop(columns=list(set(table) - set(getattr(other, name))))
+
+
+def on_one_gpu(case: dict) -> dict:
+    """The case on one GPU (tp1), without the knobs of its layout."""
+    knobs = {k: v for k, v in case["knobs"].items() if k not in (
+        "router", "dcp_kv_cache_interleave_size", "enable_eplb", "num_redundant_experts")}
+    return dict(case, knobs=dict(knobs, layout="tp1"))
+
+
+def other_tokens(a, b) -> list[str]:
+    """The calls both replays ran to the end whose generated tokens differ."""
+    done = [r.set_index("request_id") for r in (a.requests, b.requests)]
+    done = [d.loc[d["completed"].astype(bool), "output_token_ids"] for d in done]
+    both = done[0].index.intersection(done[1].index)
+    if len(both) < min(len(d) for d in done):
+        return ["calls completed"]
+    return [f"tokens of {rid}" for rid in both
+            if list(done[0][rid]) != list(done[1][rid])][:5]
 
 
 def check_case(case: dict, against: str = "step") -> list[str] | None:
@@ -306,11 +331,13 @@ def check_case(case: dict, against: str = "step") -> list[str] | None:
     counts = (Counter(), Counter())
     drive = random.Random(case["trace"][1]["seed"])  # (how a driven replay is sliced)
     paths = [dict(p, drive=drive) if "drive" in p else p for p in PATHS[against]]
+    cases = (case, on_one_gpu(case)) if against == "tp1" else (case, case)
     try:
-        results = [replay_case(case, trace, seen, **path) for seen, path in zip(counts, paths)]
+        results = [replay_case(c, trace, seen, **path)
+                   for c, seen, path in zip(cases, counts, paths)]
     except ConfigError:
         return None
-    return differs(*results, counts)
+    return other_tokens(*results) if against == "tp1" else differs(*results, counts)
 
 
 def main() -> None:
@@ -321,10 +348,13 @@ def main() -> None:
     ap.add_argument("--pd", action="store_true", help="P/D pairs of groups")
     ap.add_argument("--out", type=Path, default=Path("fuzz-cases"))
     args = ap.parse_args()
+    if args.pd and args.against == "tp1":
+        ap.error("--against tp1 compares one engine's layouts (no --pd)")
     rng, end = random.Random(args.seed), time.time() + args.seconds
     done = refused = bad = 0
     while time.time() < end:
-        case = (random_compute_case if args.against == "compute" else random_case)(rng, args.pd)
+        plane = args.against in ("compute", "mp", "tp1")
+        case = (random_compute_case if plane else random_case)(rng, args.pd)
         try:
             diff = check_case(case, args.against)
         except Exception:  # noqa: BLE001 — a crash is a finding, reported with the case
