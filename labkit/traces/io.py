@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from labkit.traces.id_lists import ids_json
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, read_objects
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError, check_links, check_request
@@ -92,14 +93,17 @@ def load_labkit(path: str) -> Trace:
 
 
 def _line(req: TraceRequest, block_size: int) -> str:
-    return json.dumps({
+    """The request as one JSON line (its ids spelt by `ids_json`, as json spells them)."""
+    head = json.dumps({
         "block_size": block_size, "session_id": req.session_id,
         "request_id": req.request_id, "parent_id": req.parent_id, "kind": req.kind,
         "delay_s": float(req.delay_s), "input_length": int(req.input_length),
-        "output_length": int(req.output_length), "hash_ids": req.hash_ids.tolist(),
+        "output_length": int(req.output_length), "hash_ids": None,
         "timestamp": None if req.timestamp is None else float(req.timestamp),
         "priority": int(req.priority),
     }, separators=(",", ":"))
+    # (the key's quotes are the only unescaped ones around this text)
+    return head.replace('"hash_ids":null', f'"hash_ids":{ids_json(req.hash_ids)}', 1)
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:

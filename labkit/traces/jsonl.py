@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from labkit.traces.id_lists import loads_with_ids
 from labkit.traces.validate import TraceError
 
 # JSON type names used in field specs, and how to recognise them. bool is a
@@ -24,7 +25,8 @@ _TYPE_CHECKS = {
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "list of integers": lambda v: isinstance(v, list),  # elements checked by id_array
+    # elements checked by id_array (an array: read by `id_lists.py`, int64 already)
+    "list of integers": lambda v: isinstance(v, (list, np.ndarray)),
 }
 
 # A field spec maps a field name to (JSON type, required, nullable).
@@ -45,6 +47,13 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
     line, where the damage is on one): text in another encoding (UTF-16, Latin-1),
     binary data, a gzip file that is truncated, corrupt, or not gzip at all. A UTF-8
     byte-order mark is allowed."""
+    for line_no, raw in _raw_lines(path):
+        yield line_no, _decoded(raw, line_no, path)
+
+
+def _raw_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, bytes)`` for every line (a damaged gzip file or UTF-16 text is a
+    TraceError, see `read_lines`)."""
     opener = gzip.open if str(path).endswith(".gz") else open
     line_no = 0
     with opener(path, "rb") as f:
@@ -53,19 +62,34 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
                 if line_no == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
                     raise TraceError(path, 1, "the file is UTF-16 text; traces are UTF-8 "
                                               "(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
-                try:
-                    yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-                except UnicodeDecodeError as e:
-                    raise TraceError(path, line_no, f"not UTF-8 text (byte {raw[e.start]:#04x} "
-                                                    f"at column {e.start + 1}); binary data, or "
-                                                    "another encoding such as Latin-1") from None
+                yield line_no, raw
         except (OSError, EOFError, zlib.error) as e:  # gzip: truncated, corrupt, not gzip
             raise TraceError(path, line_no + 1, f"damaged gzip file ({e})") from None
 
 
+def _encoding(line_no: int) -> str:
+    return "utf-8-sig" if line_no == 1 else "utf-8"  # (a byte-order mark may open line 1)
+
+
+def _decoded(raw: bytes, line_no: int, path: str) -> str:
+    try:
+        return raw.decode(_encoding(line_no))
+    except UnicodeDecodeError as e:
+        raise TraceError(path, line_no, f"not UTF-8 text (byte {raw[e.start]:#04x} "
+                                        f"at column {e.start + 1}); binary data, or "
+                                        "another encoding such as Latin-1") from None
+
+
 def read_objects(path: str) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)`` for each non-blank line (1-based)."""
-    for line_no, text in read_lines(path):
+    """Yield ``(line_number, object)`` for each non-blank line (1-based). A top-level
+    ``hash_ids`` list of plain integers comes as an int64 array (read without a
+    Python int per id, `id_lists.py`); any other list as `json` reads it."""
+    for line_no, raw in _raw_lines(path):
+        obj = loads_with_ids(raw, _encoding(line_no))
+        if obj is not None:
+            yield line_no, obj
+            continue
+        text = _decoded(raw, line_no, path)
         if not text.strip():
             continue
         try:
@@ -105,6 +129,8 @@ def check_fields(obj: dict, spec: FieldSpec, path: str, line: int) -> None:
 
 def id_array(values: list, path: str, line: int) -> np.ndarray:
     """The ``hash_ids`` list as an int64 array (range is checked by check_request)."""
+    if isinstance(values, np.ndarray):  # (`read_objects` read it as one)
+        return values
     if not values:
         return np.empty(0, dtype=np.int64)
     try:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numba import njit
 
 if TYPE_CHECKING:  # only for annotations; schema imports this module
     from labkit.traces.schema import TraceRequest
@@ -62,9 +63,19 @@ def check_request(req: TraceRequest, block_size: int) -> str | None:
     if len(ids) != expected:
         return (f"hash_ids has {len(ids)} ids but input_length {req.input_length} "
                 f"needs ceil({req.input_length}/{block_size}) = {expected}")
-    if len(ids) and (ids.min() < 0 or ids.max() >= MAX_HASH_ID):
+    if not _in_range(ids, MAX_HASH_ID):
         return "hash_ids must be integers in [0, 2**40)"
     return None
+
+
+@njit(cache=True)
+def _in_range(ids, limit: int) -> bool:
+    """Is every id in [0, limit)? (One pass: a long prompt's ids are read twice
+    by a min and a max.)"""
+    for x in ids:
+        if x < 0 or x >= limit:
+            return False
+    return True
 
 
 def check_links(requests: Sequence[TraceRequest], path: str,

@@ -1,0 +1,172 @@
+"""A line's hash_ids read without Python ints (`id_lists.py`) give exactly what `json`
+and numpy give: the same objects for every line json reads, the same TraceError for
+every line it refuses, a fallback wherever the list is not plain — checked against
+`read_objects` with the shortcut turned off, on lines written every way JSON allows
+and on lines that break it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from labkit.traces import TraceError, generate_agentx_trace, load_trace, write_trace
+from labkit.traces import jsonl
+from labkit.traces.id_lists import _scan_list, loads_with_ids, split_ids
+
+
+def reference_objects(path, monkeypatch):
+    """`read_objects` the way it was before the shortcut: json for every line."""
+    with monkeypatch.context() as m:
+        m.setattr(jsonl, "loads_with_ids", lambda raw, decode: None)
+        return _objects(path)
+
+
+def _objects(path):
+    try:
+        return [(line, {k: (jsonl.id_array(v, str(path), line) if k == "hash_ids"
+                            and isinstance(v, (list, np.ndarray)) else v)
+                        for k, v in obj.items()})
+                for line, obj in jsonl.read_objects(str(path))]
+    except TraceError as e:
+        return str(e)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return len(a) == len(b) and all(
+        la == lb and oa.keys() == ob.keys() and all(
+            (isinstance(oa[k], np.ndarray) and isinstance(ob[k], np.ndarray)
+             and oa[k].dtype == ob[k].dtype and np.array_equal(oa[k], ob[k]))
+            or (not isinstance(oa[k], np.ndarray) and oa[k] == ob[k]) for k in oa)
+        for (la, oa), (lb, ob) in zip(a, b))
+
+
+# how a hash_ids list may be spelt, and how it may be broken (the line around it is
+# well-formed unless the case says otherwise)
+LISTS = [
+    "[1,2,3]", "[ 1 , 2 ,3 ]", "[\t7,\t8\t]", "[]", "[ ]", "[0]", "[0,0,10]",
+    "[123456789012345678]",            # 18 digits: taken
+    "[1234567890123456789]",           # 19 digits, in int64: json's way
+    "[99999999999999999999]",          # past int64: json's way, then an error
+    "[01]", "[-1]", "[-0]", "[1.0]", "[1e3]", "[1,]", "[,1]", "[1,,2]", "[1 2]",
+    '["1"]', "[null]", "[true]", "[[1]]", "[1, [2]]", "[1", "1]", "[1,2]]", "[1,2],",
+]
+
+
+def line_with(ids_text: str, **extra) -> str:
+    head = json.dumps({"block_size": 16, "session_id": "s", "request_id": "r",
+                       "parent_id": None, "kind": "main", "delay_s": 0.0,
+                       "input_length": 20, "output_length": 3, **extra})
+    return head[:-1] + f', "hash_ids": {ids_text}}}'
+
+
+@pytest.mark.parametrize("ids_text", LISTS)
+def test_each_spelling_of_the_list_reads_as_json_reads_it(tmp_path, monkeypatch, ids_text):
+    path = tmp_path / "t.jsonl"
+    path.write_text(line_with("[5, 6]") + "\n" + line_with(ids_text) + "\n")
+    assert same(_objects(path), reference_objects(path, monkeypatch))
+
+
+ODD_LINES = [
+    # the key inside a string, escaped; twice on the line; a nested object's
+    '{"a": "x\\"hash_ids\\": [1,2]", "hash_ids": [3]}',
+    '{"hash_ids": [1], "hash_ids": [2, 3]}',
+    '{"hash_ids": [1], "b": "hash_ids"}',
+    '{"nested": {"hash_ids": [1, 2]}}',
+    # ... where taking the wrong list would go unnoticed after json read the rest
+    '{"abc\\"hash_ids": [1, 2], "hash\\u005fids": null}',
+    '{"x": {"hash_ids": [1]}, "hash_ids": null}',
+    '{"hash\\u005fids": [5], "x": {"hash_ids": [1, 2]}}',
+    '{"requests": [{"hash_ids": [1, 2]}]}',
+    '{"hash_ids" : [4,5] , "x": 1}',
+    '{"hash_ids":[4,5]}',
+    # broken around a good list: bad JSON before or after it, not an object
+    '{"a": , "hash_ids": [1, 2]}',
+    '{"hash_ids": [1, 2], "a": }',
+    '{"hash_ids": [1, 2]',
+    '["hash_ids", [1, 2]]',
+    '"hash_ids": [1, 2]',
+    '{"hash_ids": [1, 2]} {"x": 1}',
+    '',
+    '   ',
+]
+
+
+@pytest.mark.parametrize("text", ODD_LINES)
+def test_odd_lines_read_as_json_reads_them(tmp_path, monkeypatch, text):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"hash_ids": [9]}\n' + text + "\n")
+    assert same(_objects(path), reference_objects(path, monkeypatch))
+
+
+def test_bytes_that_are_not_utf8_are_reported_as_before(tmp_path, monkeypatch):
+    for raw in (b'\xef\xbb\xbf{"hash_ids": [1, 2], "a": 1}',  # a byte-order mark: fine
+                b'{"hash_ids": [1, 2], "a": "\xe9"}',  # Latin-1 after the list
+                b'{"a": "\xe9", "hash_ids": [1, 2]}',  # ... and before it
+                b'{"hash_ids": [1, \xe9]}'):
+        path = tmp_path / "t.jsonl"
+        path.write_bytes(raw + b"\n" + raw + b"\n")
+        assert same(_objects(path), reference_objects(path, monkeypatch)), raw
+
+
+def test_random_plain_lists_are_scanned_exactly():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        digits = rng.integers(1, 19, n)
+        values = [int(rng.integers(0, 10 ** int(d))) for d in digits]
+        spaces = [" " * int(k) for k in rng.integers(0, 3, 2 * n + 1)]
+        text = "[" + spaces[0] + ",".join(
+            f"{spaces[2 * i + 1]}{v}{spaces[2 * i + 2]}" for i, v in enumerate(values)) + "]"
+        raw = f'{{"a": 1, "hash_ids": {text}, "b": 2}}'.encode()
+        obj = loads_with_ids(raw, "utf-8")
+        assert obj is not None, text  # taken: a plain list
+        assert obj["hash_ids"].dtype == np.int64
+        assert obj["hash_ids"].tolist() == json.loads(raw)["hash_ids"]
+        assert {k: v for k, v in obj.items() if k != "hash_ids"} == {"a": 1, "b": 2}
+
+
+def test_the_scanner_stops_at_the_first_thing_json_would_not_call_plain():
+    buf = np.frombuffer(b"[1, 2, x]", dtype=np.uint8)
+    assert _scan_list(buf, 0)[1] == -1
+    ids, end = _scan_list(np.frombuffer(b"xx[10,20] tail", dtype=np.uint8), 2)
+    assert ids.tolist() == [10, 20] and end == 9
+
+
+def test_a_written_trace_takes_the_shortcut_and_loads_as_before(tmp_path, monkeypatch):
+    trace = generate_agentx_trace(4, seed=3, context_window_tokens=40_000,
+                                  compact_threshold_tokens=20_000)
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, path)
+    lines = path.read_bytes().splitlines()
+    assert all(split_ids(raw) is not None for raw in lines)  # every line the quick way
+    assert [raw.decode() for raw in lines] == [json.dumps({  # spelt as json spells it
+        "block_size": trace.block_size, "session_id": r.session_id,
+        "request_id": r.request_id, "parent_id": r.parent_id, "kind": r.kind,
+        "delay_s": float(r.delay_s), "input_length": r.input_length,
+        "output_length": r.output_length, "hash_ids": r.hash_ids.tolist(),
+        "timestamp": r.timestamp, "priority": r.priority}, separators=(",", ":"))
+        for r in trace.requests]
+    fast = load_trace(path)
+    with monkeypatch.context() as m:
+        m.setattr(jsonl, "loads_with_ids", lambda raw, decode: None)
+        slow = load_trace(path)
+    assert len(fast.requests) == len(slow.requests) == len(trace.requests)
+    for a, b, c in zip(fast.requests, slow.requests, trace.requests):
+        assert a.request_id == b.request_id == c.request_id
+        assert np.array_equal(a.hash_ids, b.hash_ids) and np.array_equal(a.hash_ids, c.hash_ids)
+        assert a.hash_ids.dtype == b.hash_ids.dtype == np.int64
+
+
+def test_ids_are_written_as_json_writes_them():
+    rng = np.random.default_rng(1)
+    from labkit.traces.id_lists import ids_json
+    cases = [np.zeros(0, np.int64), np.array([0]), np.array([9, 10, 11, 99, 100, 101]),
+             10 ** np.arange(19, dtype=np.int64), 10 ** np.arange(1, 19, dtype=np.int64) - 1,
+             np.array([np.iinfo(np.int64).max]), np.array([3, -4, 5])]
+    cases += [rng.integers(0, 2**40, int(rng.integers(1, 50))) for _ in range(100)]
+    for ids in cases:
+        assert ids_json(ids) == json.dumps(ids.tolist(), separators=(",", ":"))
