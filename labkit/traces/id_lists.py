@@ -22,13 +22,13 @@ spells it, digits written by a compiled loop (a 250 MB trace: ~3 s by `json`).
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 from numba import njit
 
 _KEY = b'"hash_ids"'
 _SPACE = b" \t"
-_NOT_PLAIN = np.empty(0, dtype=np.int64)
 
 
 def split_ids(raw: bytes):
@@ -43,10 +43,11 @@ def split_ids(raw: bytes):
     i = _skip(raw, i + 1)
     if raw[i : i + 1] != b"[":
         return None
-    ids, end = _scan_list(np.frombuffer(raw, dtype=np.uint8), i)
+    out = _scratch(len(raw) // 2 + 1)  # (each id but the last takes a comma too)
+    m, end = _scan_list(np.frombuffer(raw, dtype=np.uint8), i, out)
     if end < 0:
         return None
-    return raw[:i] + b"null" + raw[end:], ids
+    return raw[:i] + b"null" + raw[end:], out[:m].copy()
 
 
 def loads_with_ids(raw: bytes, decode: str):
@@ -74,6 +75,18 @@ def ids_json(ids: np.ndarray) -> str:
     return _spelt(np.ascontiguousarray(ids, dtype=np.int64)).tobytes().decode("ascii")
 
 
+_local = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """This thread's scan buffer, with room for `size` ids: reused line after line,
+    the ids copied out of it (one pass over the digits, memory already touched)."""
+    buf = getattr(_local, "ids", None)
+    if buf is None or len(buf) < size:
+        buf = _local.ids = np.empty(max(size, 1 << 16), dtype=np.int64)
+    return buf
+
+
 def _skip(raw: bytes, i: int) -> int:
     while raw[i : i + 1] and raw[i : i + 1] in _SPACE:
         i += 1
@@ -81,39 +94,33 @@ def _skip(raw: bytes, i: int) -> int:
 
 
 @njit(cache=True)
-def _scan_list(buf, at: int):
-    """buf[at] is '[': (the list's integers, the index after its ']'), or (empty, -1)
-    where the list is not plain (see the module doc)."""
-    n = len(buf)
-    close, commas = at + 1, 0
-    while close < n and buf[close] != 93:  # ']'
-        commas += buf[close] == 44
-        close += 1
-    if close >= n:
-        return _NOT_PLAIN, -1
-    i = _skip_spaces(buf, at + 1, close)
-    if i == close:
-        return np.empty(0, dtype=np.int64), close + 1  # []
-    out = np.empty(commas + 1, dtype=np.int64)  # (a plain list's length exactly)
+def _scan_list(buf, at: int, out) -> tuple[int, int]:
+    """buf[at] is '[': (how many integers the list holds, written to `out`, which has
+    room for them all; the index after its ']'), or (-1, -1) where the list is not
+    plain (see the module doc)."""
+    close = len(buf)
     m = 0
+    i = _skip_spaces(buf, at + 1, close)
+    if i < close and buf[i] == 93:  # ']'
+        return m, i + 1
     while True:
         if i >= close or buf[i] < 48 or buf[i] > 57:  # not a digit
-            return _NOT_PLAIN, -1
+            return -1, -1
         if buf[i] == 48 and i + 1 < close and 48 <= buf[i + 1] <= 57:
-            return _NOT_PLAIN, -1  # a leading zero: not JSON
+            return -1, -1  # a leading zero: not JSON
         value, start = 0, i
         while i < close and 48 <= buf[i] <= 57:
             value = value * 10 + (buf[i] - 48)
             i += 1
         if i - start > 18:
-            return _NOT_PLAIN, -1  # maybe past int64 (numpy would not make it int64)
-        out[m] = value  # (m <= commas: a comma came before each number after the first)
+            return -1, -1  # maybe past int64 (numpy would not make it int64)
+        out[m] = value
         m += 1
         i = _skip_spaces(buf, i, close)
-        if i == close:
-            return out, close + 1
-        if buf[i] != 44:  # ','
-            return _NOT_PLAIN, -1
+        if i < close and buf[i] == 93:
+            return m, i + 1
+        if i >= close or buf[i] != 44:  # ','
+            return -1, -1
         i = _skip_spaces(buf, i + 1, close)
 
 

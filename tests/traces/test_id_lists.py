@@ -130,10 +130,10 @@ def test_random_plain_lists_are_scanned_exactly():
 
 
 def test_the_scanner_stops_at_the_first_thing_json_would_not_call_plain():
-    buf = np.frombuffer(b"[1, 2, x]", dtype=np.uint8)
-    assert _scan_list(buf, 0)[1] == -1
-    ids, end = _scan_list(np.frombuffer(b"xx[10,20] tail", dtype=np.uint8), 2)
-    assert ids.tolist() == [10, 20] and end == 9
+    out = np.zeros(8, dtype=np.int64)
+    assert _scan_list(np.frombuffer(b"[1, 2, x]", dtype=np.uint8), 0, out) == (-1, -1)
+    assert _scan_list(np.frombuffer(b"xx[10,20] tail", dtype=np.uint8), 2, out) == (2, 9)
+    assert out[:2].tolist() == [10, 20]
 
 
 def test_a_written_trace_takes_the_shortcut_and_loads_as_before(tmp_path, monkeypatch):

@@ -1,7 +1,10 @@
 """trace_stats on a hand-made trace, checked by counting."""
 from __future__ import annotations
 
+import dataclasses
 import json
+
+import pytest
 
 from trace_helpers import naive_prefix_reuse, req
 
@@ -39,3 +42,34 @@ def test_counts_and_reuse():
     # [1, 2, 4, 7] = 16. b0 hits [1, 2] = 8. x0 may hit (8-1)//4 = 1 block: 4.
     # y1 hits y0's [40, 41] = 8.
     assert stats["prefix_reuse"] == (12 + 12 + 16 + 8 + 4 + 8) / stats["total_input_tokens"]
+
+
+def _agentx_like(seed: int):
+    from labkit.traces import generate_agentx_trace
+
+    return generate_agentx_trace(5, seed=seed, context_window_tokens=40_000,
+                                 compact_threshold_tokens=20_000)
+
+
+def test_reuse_is_the_naive_one_whatever_the_chunks(monkeypatch):
+    """The compiled pass joins contexts a chunk of requests at a time: chunk bounds
+    (down to one request per chunk) change nothing."""
+    from labkit.traces import stats
+
+    trace = _agentx_like(4)
+    expected = naive_prefix_reuse(trace.requests, trace.block_size)
+    for chunk in (1 << 22, 300, 1):
+        monkeypatch.setattr(stats, "CHUNK_IDS", chunk)
+        assert trace_stats(trace)["prefix_reuse"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_reuse_with_ids_too_sparse_for_a_table():
+    """Ids near 2**40 are renamed densely first; the reuse stays the naive one."""
+    base = _agentx_like(5)
+    shift = (1 << 40) - 1 - base.max_hash_id
+    requests = [dataclasses.replace(r, hash_ids=r.hash_ids + shift) for r in base.requests]
+    trace = Trace(base.block_size, requests, source="shifted")
+    assert trace.max_hash_id == (1 << 40) - 1
+    reuse = trace_stats(trace)["prefix_reuse"]
+    assert reuse == pytest.approx(naive_prefix_reuse(requests, base.block_size), rel=1e-12)
+    assert reuse == trace_stats(base)["prefix_reuse"] > 0.5
