@@ -1,19 +1,21 @@
-"""Reading and writing a line's ``hash_ids`` list without a Python object per id.
+"""Reading and writing ``hash_ids`` lists without a Python object per id.
 
-A trace line is mostly its block ids: an AgentX-like call of 600K tokens lists ~10K
-of them, so a 200-session trace is ~250 MB of digits and commas. Decoded by `json`
-into a list of Python ints and turned into an array by numpy, they cost ~3 s of a
-~4.5 s load (two thirds of it for ~14K lines). Here a compiled loop reads the list's
-digits straight into an int64 array, the rest of the line goes to `json` with the
-list replaced by ``null``, and the array is put back in its place.
+A trace is mostly its block ids: an AgentX-like call of 600K tokens lists ~10K of
+them, so a 200-session trace is ~250 MB of digits and commas. Decoded by `json` into
+lists of Python ints and turned into arrays by numpy, they cost ~3 s of a ~4.5 s
+load. Here a compiled loop reads each list's digits straight into an int64 array;
+`json` reads the rest of the text, each list replaced by its number (0, 1, ...); and
+the arrays are put back where those numbers landed.
 
-The shortcut is taken only where it gives exactly what `json` + numpy give: one
-``"hash_ids"`` key on the line, outside any string (no backslash before its quote),
-the object's own key (not a nested object's: checked after `json` read the rest), and
-a plain list — decimal integers of up to 18 digits without leading zeros, separated by
-commas, spaces or tabs around them. Anything else — a sign, a fraction, an exponent,
-a string, a trailing comma, a malformed line — leaves the line to `json` whole, which
-accepts it or reports the error exactly as before (`jsonl.read_objects`).
+The shortcut is taken only where it gives exactly what `json` + numpy give. Every
+``"hash_ids"`` key in the text must be outside any string (no backslash before its
+quote) and hold a plain list — decimal integers of up to 18 digits without leading
+zeros, separated by commas, spaces or tabs around them; and walking what `json` read
+in document order must meet exactly those keys, holding 0, 1, ... in turn (a key
+spelt with an escape, or given twice, would break the count). Anything else — a sign,
+a fraction, an exponent, a string in the list, a trailing comma, a malformed text —
+leaves the text to `json` whole, which accepts it or reports the error exactly as
+before (`jsonl.read_objects`, the AgentX loader).
 
 Writing (`ids_json`) is the same loop the other way: the list's text as `json.dumps`
 spells it, digits written by a compiled loop (a 250 MB trace: ~3 s by `json`).
@@ -32,40 +34,73 @@ _SPACE = b" \t"
 
 
 def split_ids(raw: bytes):
-    """(the line with its top-level hash_ids list replaced by ``null``, the ids as an
-    int64 array), or None where the shortcut does not apply (see the module doc)."""
-    at = raw.find(_KEY)
-    if at < 0 or raw.find(_KEY, at + 1) >= 0 or (at and raw[at - 1] == 0x5C):  # '\'
+    """(the text with its hash_ids lists replaced by 0, 1, ..., the ids as int64
+    arrays), or None where a list is not plain or there is none (see the module doc)."""
+    parts, arrays, at = [], [], 0
+    data = np.frombuffer(raw, dtype=np.uint8)
+    while (key := raw.find(_KEY, at)) >= 0:
+        if key and raw[key - 1] == 0x5C:  # '\': inside a string
+            return None
+        i = _skip(raw, key + len(_KEY))
+        if raw[i : i + 1] != b":":
+            return None
+        i = _skip(raw, i + 1)
+        if raw[i : i + 1] != b"[":
+            return None
+        out = _scratch(len(raw) // 2 + 1)  # (each id but the last takes a comma too)
+        m, end = _scan_list(data, i, out)
+        if end < 0:
+            return None
+        parts += (raw[at:i], str(len(arrays)).encode())
+        arrays.append(out[:m].copy())
+        at = end
+    if not arrays:
         return None
-    i = _skip(raw, at + len(_KEY))
-    if raw[i : i + 1] != b":":
-        return None
-    i = _skip(raw, i + 1)
-    if raw[i : i + 1] != b"[":
-        return None
-    out = _scratch(len(raw) // 2 + 1)  # (each id but the last takes a comma too)
-    m, end = _scan_list(np.frombuffer(raw, dtype=np.uint8), i, out)
-    if end < 0:
-        return None
-    return raw[:i] + b"null" + raw[end:], out[:m].copy()
+    parts.append(raw[at:])
+    return b"".join(parts), arrays
 
 
-def loads_with_ids(raw: bytes, decode: str):
-    """The line's JSON object with its hash_ids an int64 array, or None where the
-    shortcut does not apply or the rest of the line is not a JSON object as read
-    (the caller then reads the whole line the ordinary way, errors and all)."""
+def loads_with_ids(raw: bytes, decode: str = "utf-8"):
+    """`json.loads` of the text with each hash_ids list an int64 array, or None where
+    the shortcut does not apply or the text is not JSON as read (the caller then reads
+    it the ordinary way, errors and all)."""
     split = split_ids(raw)
     if split is None:
         return None
-    rest, ids = split
+    rest, arrays = split
     try:
         obj = json.loads(rest.decode(decode))
     except (ValueError, RecursionError):  # (UnicodeDecodeError and JSONDecodeError too)
         return None
-    if not isinstance(obj, dict) or "hash_ids" not in obj or obj["hash_ids"] is not None:
-        return None  # the key was a nested object's
-    obj["hash_ids"] = ids
-    return obj
+    return obj if _put_back(obj, arrays) else None
+
+
+def _put_back(obj, arrays: list) -> bool:
+    """Walk `obj` in document order (json keeps a dict's keys in the text's order),
+    putting arrays[k] where the k-th hash_ids key holds k; False if the keys met are
+    not exactly those."""
+    found, stack = 0, []
+    _enter(stack, obj)
+    while stack:
+        node, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
+        elif item[0] == "hash_ids" and isinstance(node, dict):
+            if type(item[1]) is not int or item[1] != found:
+                return False
+            node["hash_ids"] = arrays[found]  # (a value replaced: the walk goes on)
+            found += 1
+        else:
+            _enter(stack, item[1])
+    return found == len(arrays)
+
+
+def _enter(stack: list, value) -> None:
+    if isinstance(value, dict):
+        stack.append((value, iter(value.items())))
+    elif isinstance(value, list):
+        stack.append((value, iter(enumerate(value))))
 
 
 def ids_json(ids: np.ndarray) -> str:

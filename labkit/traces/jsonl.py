@@ -81,12 +81,12 @@ def _decoded(raw: bytes, line_no: int, path: str) -> str:
 
 
 def read_objects(path: str) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)`` for each non-blank line (1-based). A top-level
+    """Yield ``(line_number, object)`` for each non-blank line (1-based). A
     ``hash_ids`` list of plain integers comes as an int64 array (read without a
     Python int per id, `id_lists.py`); any other list as `json` reads it."""
     for line_no, raw in _raw_lines(path):
         obj = loads_with_ids(raw, _encoding(line_no))
-        if obj is not None:
+        if isinstance(obj, dict):  # (anything else: read again below, which says why)
             yield line_no, obj
             continue
         text = _decoded(raw, line_no, path)

@@ -198,3 +198,27 @@ def test_convert_writes_the_same_trace_as_labkit_jsonl(tmp_path, name, capsys):
     assert converted.format == "labkit" and converted.block_size == original.block_size
     assert converted.requests == original.requests
     assert trace_stats(converted)["prefix_reuse"] == trace_stats(original)["prefix_reuse"]
+
+
+def test_compact_ids_renumber_as_ranks_among_the_distinct_ids():
+    """Ids renumbered offset, offset + 1, ... by their rank among the distinct ids (a
+    table where the ids are small, a sort where not): np.unique's inverse, checked."""
+    from labkit.traces.formats.common import compact_ids
+
+    rng = np.random.default_rng(7)
+    for case in range(60):
+        high = [50, 10_000, 2**45, 2**62][case % 4]
+        low = -high if case % 5 == 0 else 0
+        lists = [rng.integers(low, high, int(rng.integers(0, 30)), dtype=np.int64)
+                 for _ in range(int(rng.integers(1, 6)))]
+        offset = int(rng.integers(0, 1000))
+        out, end = compact_ids(lists, offset)
+        flat = np.concatenate(lists)
+        if len(flat) == 0:
+            assert end == offset
+            continue
+        distinct, inverse = np.unique(flat, return_inverse=True)
+        assert end == offset + len(distinct)
+        assert [o.dtype for o in out] == [np.int64] * len(lists)
+        assert np.array_equal(np.concatenate(out), inverse + offset)
+        assert [len(o) for o in out] == [len(x) for x in lists]

@@ -24,24 +24,33 @@ def reference_objects(path, monkeypatch):
 
 
 def _objects(path):
+    """The lines' objects, every hash_ids value (at any depth) as ("ids", dtype, ids)
+    where it is (or json's list would make) an integer array; or the error's text."""
     try:
-        return [(line, {k: (jsonl.id_array(v, str(path), line) if k == "hash_ids"
-                            and isinstance(v, (list, np.ndarray)) else v)
-                        for k, v in obj.items()})
-                for line, obj in jsonl.read_objects(str(path))]
+        return [(line, _norm(obj)) for line, obj in jsonl.read_objects(str(path))]
     except TraceError as e:
         return str(e)
 
 
+def _norm(value, key=None):
+    if isinstance(value, dict):
+        return {k: _norm(v, k) for k, v in value.items()}
+    if key == "hash_ids" and isinstance(value, (list, np.ndarray)):
+        try:
+            arr = np.array(value) if isinstance(value, list) else value
+        except (ValueError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and (arr.dtype.kind in "iu" or len(arr) == 0):
+            return ("ids", str(arr.astype(np.int64).dtype) if isinstance(value, list)
+                    else str(arr.dtype), arr.tolist())
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    assert not isinstance(value, np.ndarray), "an array where json has no hash_ids list"
+    return value
+
+
 def same(a, b) -> bool:
-    if isinstance(a, str) or isinstance(b, str):
-        return a == b
-    return len(a) == len(b) and all(
-        la == lb and oa.keys() == ob.keys() and all(
-            (isinstance(oa[k], np.ndarray) and isinstance(ob[k], np.ndarray)
-             and oa[k].dtype == ob[k].dtype and np.array_equal(oa[k], ob[k]))
-            or (not isinstance(oa[k], np.ndarray) and oa[k] == ob[k]) for k in oa)
-        for (la, oa), (lb, ob) in zip(a, b))
+    return a == b
 
 
 # how a hash_ids list may be spelt, and how it may be broken (the line around it is
@@ -78,8 +87,17 @@ ODD_LINES = [
     '{"nested": {"hash_ids": [1, 2]}}',
     # ... where taking the wrong list would go unnoticed after json read the rest
     '{"abc\\"hash_ids": [1, 2], "hash\\u005fids": null}',
+    '{"abc\\"hash_ids": [1, 2], "hash\\u005fids": 0}',
     '{"x": {"hash_ids": [1]}, "hash_ids": null}',
     '{"hash\\u005fids": [5], "x": {"hash_ids": [1, 2]}}',
+    '{"hash\\u005fids": 0, "x": {"hash_ids": [5]}}',
+    '{"x": {"hash_ids": [1]}, "hash\\u005fids": 0}',
+    '{"x": {"hash_ids": [1]}, "hash_ids": 1}',
+    # several lists, nested in any order; one not plain among them
+    '{"a": {"hash_ids": [1]}, "hash_ids": [2], "b": [{"hash_ids": [3, 4]}, {"hash_ids": []}]}',
+    '{"a": {"hash_ids": [1]}, "hash_ids": [2], "b": [{"hash_ids": [3, 4.5]}]}',
+    '{"hash_ids": [1], "a": {"hash_ids": [2]}, "hash_ids": [3]}',
+    '[{"hash_ids": [1]}, {"hash_ids": [2]}]',
     '{"requests": [{"hash_ids": [1, 2]}]}',
     '{"hash_ids" : [4,5] , "x": 1}',
     '{"hash_ids":[4,5]}',
@@ -170,3 +188,39 @@ def test_ids_are_written_as_json_writes_them():
     cases += [rng.integers(0, 2**40, int(rng.integers(1, 50))) for _ in range(100)]
     for ids in cases:
         assert ids_json(ids) == json.dumps(ids.tolist(), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("name", ["agentx.json", "agentx_many.jsonl", "bailian.jsonl"])
+def test_published_formats_load_as_before_and_take_the_shortcut(monkeypatch, name):
+    """The JSON formats whose calls carry hash_ids — nested in AgentX trace objects, in
+    a file of one object over many lines or of one per line — load exactly as with
+    json alone, and their lists are read the quick way."""
+    from pathlib import Path
+
+    from labkit.traces.formats import agentx_json
+    from labkit.traces import id_lists
+
+    path = Path(__file__).parent / "fixtures" / name
+    taken = []
+
+    def counted(raw, decode="utf-8"):
+        obj = id_lists.loads_with_ids(raw, decode)
+        taken.append(obj is not None)
+        return obj
+
+    with monkeypatch.context() as m:
+        m.setattr(jsonl, "loads_with_ids", counted)
+        m.setattr(agentx_json, "loads_with_ids", counted)
+        fast = load_trace(path)
+    assert any(taken)
+    with monkeypatch.context() as m:
+        m.setattr(jsonl, "loads_with_ids", lambda raw, decode="utf-8": None)
+        m.setattr(agentx_json, "loads_with_ids", lambda raw, decode="utf-8": None)
+        slow = load_trace(path)
+    assert len(fast.requests) == len(slow.requests) > 0
+    for a, b in zip(fast.requests, slow.requests):
+        assert (a.session_id, a.request_id, a.parent_id, a.kind, a.delay_s, a.input_length,
+                a.output_length, a.timestamp) == (b.session_id, b.request_id, b.parent_id,
+                                                  b.kind, b.delay_s, b.input_length,
+                                                  b.output_length, b.timestamp)
+        assert a.hash_ids.dtype == b.hash_ids.dtype and np.array_equal(a.hash_ids, b.hash_ids)

@@ -50,6 +50,7 @@ import math
 import numpy as np
 
 from labkit.traces.formats.common import compact_ids, output_tokens
+from labkit.traces.id_lists import loads_with_ids
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, open_text, read_objects
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
@@ -192,7 +193,7 @@ class _Conversation:
             parent_id=parent.request_id if parent is not None else None, kind=kind,
             delay_s=float(delay), input_length=entry["in"],
             output_length=output_tokens(entry["out"]), hash_ids=np.empty(0, np.int64))
-        raw = id_array(ids, *self.where) if ids else None
+        raw = id_array(ids, *self.where) if ids is not None and len(ids) else None
         self.out.append(_Call(req, raw, self.tid, self.scope, self.where, label))
         return req
 
@@ -233,7 +234,8 @@ def _assign_ids(calls: list[_Call], block_size: int) -> None:
 
 
 def _trace_objects(path: str) -> list[tuple[int, object]]:
-    """``(line, object)`` for each trace object: one per line, a list, or one."""
+    """``(line, object)`` for each trace object: one per line, a list, or one. (Their
+    hash_ids lists are read as arrays where `id_lists.py` can.)"""
     with open_text(path) as f:
         text = f.read()
     lines = [(n, s) for n, s in enumerate(text.splitlines(), start=1) if s.strip()]
@@ -241,15 +243,21 @@ def _trace_objects(path: str) -> list[tuple[int, object]]:
         raise TraceError(path, 1, "empty trace: no requests")
     first = lines[0][1]
     try:
-        if isinstance(json.loads(first), dict):
+        if isinstance(_loads(first), dict):
             return list(read_objects(path))     # JSON lines
     except json.JSONDecodeError:
         pass                                    # an object or list over several lines
     try:
-        doc = json.loads(text)
+        doc = _loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(path, e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
     if isinstance(doc, list):
         start = lines[0][0]
         return [(start, obj) for obj in doc]
     return [(lines[0][0], doc)]
+
+
+def _loads(text: str):
+    """`json.loads`, the hash_ids lists read as arrays where they can be."""
+    obj = loads_with_ids(text.encode("utf-8"))
+    return obj if obj is not None else json.loads(text)

@@ -125,10 +125,19 @@ def compact_ids(hash_lists: list[np.ndarray], offset: int = 0) -> tuple[list[np.
     flat = np.concatenate(hash_lists)
     if len(flat) == 0:
         return hash_lists, offset
-    distinct, dense = np.unique(flat, return_inverse=True)
-    dense = dense.astype(np.int64) + offset
+    low, high = int(flat.min()), int(flat.max())
+    if low >= 0 and high < 4 * len(flat) + 2**20:  # ids that can index a table
+        # an id's rank among the distinct ids, as np.unique's inverse gives it
+        present = np.zeros(high + 1, dtype=np.bool_)
+        present[flat] = True
+        rank = np.cumsum(present, dtype=np.int64) - 1
+        dense, count = rank[flat], int(rank[-1]) + 1
+    else:
+        distinct, dense = np.unique(flat, return_inverse=True)
+        dense, count = dense.astype(np.int64), len(distinct)
+    dense += offset
     cuts = np.cumsum([len(h) for h in hash_lists])[:-1]
-    return list(np.split(dense, cuts)), offset + len(distinct)
+    return list(np.split(dense, cuts)), offset + count
 
 
 def needs_compacting(hash_lists: list[np.ndarray]) -> bool:
