@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/labkit bench layouts --quick
 	$(BIN)/labkit bench compute --quick
 	$(BIN)/labkit bench kv --quick
+	$(BIN)/labkit bench traces --quick
 	$(BIN)/labkit bench kernels --quick
 
 # Re-execute every notebook in place (after a change that moves their numbers).

@@ -96,6 +96,10 @@ def run_bench(target: str, quick: bool = False, duration_s: float | None = None,
         from labkit.bench_kv import bench_kv
 
         bench_kv(quick)
+    elif target == "traces":
+        from labkit.bench_traces import bench_traces
+
+        bench_traces(quick)
     return 0
 
 

@@ -17,7 +17,7 @@
     labkit plan --trace F --model M --gpus N --slo ttft=2,tpot=0.05 ...   (the deployment
                 planner: see experiments/plan_cli.py)
     labkit validate [--data DIR] [--json]   (measured serving runs: see labkit/validate)
-    labkit bench sim | costmodel | layouts | kernels | compute | kv
+    labkit bench sim | costmodel | layouts | kernels | compute | kv | traces
     labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument("target",
-                       choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv"])
+                       choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv",
+                                "traces"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
     bench.add_argument("--duration-s", type=float, default=None,
                        help="sim: simulated seconds of the replays timed in (b) "

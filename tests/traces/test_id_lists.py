@@ -13,13 +13,12 @@ import pytest
 
 from labkit.traces import TraceError, generate_agentx_trace, load_trace, write_trace
 from labkit.traces import jsonl
-from labkit.traces.id_lists import _scan_list, loads_with_ids, split_ids
+from labkit.traces.id_lists import _scan_list, json_only, loads_with_ids, split_ids
 
 
-def reference_objects(path, monkeypatch):
+def reference_objects(path):
     """`read_objects` the way it was before the shortcut: json for every line."""
-    with monkeypatch.context() as m:
-        m.setattr(jsonl, "loads_with_ids", lambda raw, decode: None)
+    with json_only():
         return _objects(path)
 
 
@@ -49,10 +48,6 @@ def _norm(value, key=None):
     return value
 
 
-def same(a, b) -> bool:
-    return a == b
-
-
 # how a hash_ids list may be spelt, and how it may be broken (the line around it is
 # well-formed unless the case says otherwise)
 LISTS = [
@@ -73,10 +68,10 @@ def line_with(ids_text: str, **extra) -> str:
 
 
 @pytest.mark.parametrize("ids_text", LISTS)
-def test_each_spelling_of_the_list_reads_as_json_reads_it(tmp_path, monkeypatch, ids_text):
+def test_each_spelling_of_the_list_reads_as_json_reads_it(tmp_path, ids_text):
     path = tmp_path / "t.jsonl"
     path.write_text(line_with("[5, 6]") + "\n" + line_with(ids_text) + "\n")
-    assert same(_objects(path), reference_objects(path, monkeypatch))
+    assert _objects(path) == reference_objects(path)
 
 
 ODD_LINES = [
@@ -114,20 +109,20 @@ ODD_LINES = [
 
 
 @pytest.mark.parametrize("text", ODD_LINES)
-def test_odd_lines_read_as_json_reads_them(tmp_path, monkeypatch, text):
+def test_odd_lines_read_as_json_reads_them(tmp_path, text):
     path = tmp_path / "t.jsonl"
     path.write_text('{"hash_ids": [9]}\n' + text + "\n")
-    assert same(_objects(path), reference_objects(path, monkeypatch))
+    assert _objects(path) == reference_objects(path)
 
 
-def test_bytes_that_are_not_utf8_are_reported_as_before(tmp_path, monkeypatch):
+def test_bytes_that_are_not_utf8_are_reported_as_before(tmp_path):
     for raw in (b'\xef\xbb\xbf{"hash_ids": [1, 2], "a": 1}',  # a byte-order mark: fine
                 b'{"hash_ids": [1, 2], "a": "\xe9"}',  # Latin-1 after the list
                 b'{"a": "\xe9", "hash_ids": [1, 2]}',  # ... and before it
                 b'{"hash_ids": [1, \xe9]}'):
         path = tmp_path / "t.jsonl"
         path.write_bytes(raw + b"\n" + raw + b"\n")
-        assert same(_objects(path), reference_objects(path, monkeypatch)), raw
+        assert _objects(path) == reference_objects(path), raw
 
 
 def test_random_plain_lists_are_scanned_exactly():
@@ -154,7 +149,7 @@ def test_the_scanner_stops_at_the_first_thing_json_would_not_call_plain():
     assert out[:2].tolist() == [10, 20]
 
 
-def test_a_written_trace_takes_the_shortcut_and_loads_as_before(tmp_path, monkeypatch):
+def test_a_written_trace_takes_the_shortcut_and_loads_as_before(tmp_path):
     trace = generate_agentx_trace(4, seed=3, context_window_tokens=40_000,
                                   compact_threshold_tokens=20_000)
     path = tmp_path / "t.jsonl"
@@ -169,8 +164,7 @@ def test_a_written_trace_takes_the_shortcut_and_loads_as_before(tmp_path, monkey
         "timestamp": r.timestamp, "priority": r.priority}, separators=(",", ":"))
         for r in trace.requests]
     fast = load_trace(path)
-    with monkeypatch.context() as m:
-        m.setattr(jsonl, "loads_with_ids", lambda raw, decode: None)
+    with json_only():
         slow = load_trace(path)
     assert len(fast.requests) == len(slow.requests) == len(trace.requests)
     for a, b, c in zip(fast.requests, slow.requests, trace.requests):
@@ -213,9 +207,7 @@ def test_published_formats_load_as_before_and_take_the_shortcut(monkeypatch, nam
         m.setattr(agentx_json, "loads_with_ids", counted)
         fast = load_trace(path)
     assert any(taken)
-    with monkeypatch.context() as m:
-        m.setattr(jsonl, "loads_with_ids", lambda raw, decode="utf-8": None)
-        m.setattr(agentx_json, "loads_with_ids", lambda raw, decode="utf-8": None)
+    with json_only():
         slow = load_trace(path)
     assert len(fast.requests) == len(slow.requests) > 0
     for a, b in zip(fast.requests, slow.requests):
