@@ -4,18 +4,18 @@ A trace is mostly its block ids: an AgentX-like call of 600K tokens lists ~10K o
 them, so a 200-session trace is ~250 MB of digits and commas. Decoded by `json` into
 lists of Python ints and turned into arrays by numpy, they cost ~3 s of a ~4.5 s
 load. Here a compiled loop reads each list's digits straight into an int64 array;
-`json` reads the rest of the text, each list replaced by its number (0, 1, ...); and
-the arrays are put back where those numbers landed.
+`json` reads the rest of the text, each list replaced by a number of its own (a
+16-digit mark the text does not hold, then the list's index); and each array is put
+back where its number landed.
 
 The shortcut is taken only where it gives exactly what `json` + numpy give. Every
-``"hash_ids"`` key in the text must be outside any string (no backslash before its
-quote) and hold a plain list — decimal integers of up to 18 digits without leading
-zeros, separated by commas, spaces or tabs around them; and walking what `json` read
-in document order must meet exactly those keys, holding 0, 1, ... in turn (a key
-spelt with an escape, or given twice, would break the count). Anything else — a sign,
-a fraction, an exponent, a string in the list, a trailing comma, a malformed text —
-leaves the text to `json` whole, which accepts it or reports the error exactly as
-before (`jsonl.read_objects`, the AgentX loader).
+``"hash_ids"`` key in the text must hold a plain list — decimal integers of up to 18
+digits without leading zeros, separated by commas, spaces or tabs around them — and
+each list's number must land as the value of a key that reads "hash_ids" (not one
+that merely ends so; a key given twice keeps its last value, as json does). Anything
+else — a sign, a fraction, an exponent, a string in the list, a trailing comma, a
+malformed text, the mark in the text — leaves the text to `json` whole, which accepts
+it or reports the error exactly as before (`jsonl.read_objects`, the AgentX loader).
 
 Writing (`ids_json`) is the same loop the other way: the list's text as `json.dumps`
 spells it, digits written by a compiled loop (a 250 MB trace: ~3 s by `json`).
@@ -34,28 +34,30 @@ _KEY = b'"hash_ids"'
 _SPACE = b" \t"
 
 
+# a list's stand-in: the mark then its index, 8 digits (a number no text holding no
+# copy of the mark can spell: a JSON number is its digits, and ints have no other way)
+_MARK = b"8142957360518273"
+_FIRST = int(_MARK) * 10**8
+
+
 def split_ids(raw: bytes):
-    """(the text with its hash_ids lists replaced by 0, 1, ..., the ids as int64
+    """(the text with its hash_ids lists replaced by their numbers, the ids as int64
     arrays), or None where a list is not plain or there is none (see the module doc)."""
     parts, arrays, at = [], [], 0
     data = np.frombuffer(raw, dtype=np.uint8)
     while (key := raw.find(_KEY, at)) >= 0:
-        if key and raw[key - 1] == 0x5C:  # '\': inside a string
-            return None
-        i = _skip(raw, key + len(_KEY))
-        if raw[i : i + 1] != b":":
-            return None
-        i = _skip(raw, i + 1)
-        if raw[i : i + 1] != b"[":
+        colon = _skip(raw, key + len(_KEY))
+        i = _skip(raw, colon + 1)
+        if raw[colon : colon + 1] != b":" or raw[i : i + 1] != b"[" or len(arrays) == 10**8:
             return None
         out = _scratch(len(raw) // 2 + 1)  # (each id but the last takes a comma too)
         m, end = _scan_list(data, i, out)
         if end < 0:
             return None
-        parts += (raw[at:i], str(len(arrays)).encode())
+        parts += (raw[at:i], _MARK, b"%08d" % len(arrays))
         arrays.append(out[:m].copy())
         at = end
-    if not arrays:
+    if not arrays or raw.find(_MARK) >= 0:
         return None
     parts.append(raw[at:])
     return b"".join(parts), arrays
@@ -91,31 +93,20 @@ def loads_with_ids(raw: bytes, decode: str = "utf-8"):
 
 
 def _put_back(obj, arrays: list) -> bool:
-    """Walk `obj` in document order (json keeps a dict's keys in the text's order),
-    putting arrays[k] where the k-th hash_ids key holds k; False if the keys met are
-    not exactly those."""
-    found, stack = 0, []
-    _enter(stack, obj)
+    """Put arrays[k] where list k's number landed; False where one landed as the value
+    of a key that is not "hash_ids". (A number may be gone: its key given again later,
+    whose value json keeps — as it drops the list.)"""
+    stack = [obj] if isinstance(obj, (dict, list)) else []
     while stack:
-        node, items = stack[-1]
-        item = next(items, None)
-        if item is None:
-            stack.pop()
-        elif item[0] == "hash_ids" and isinstance(node, dict):
-            if type(item[1]) is not int or item[1] != found:
-                return False
-            node["hash_ids"] = arrays[found]  # (a value replaced: the walk goes on)
-            found += 1
-        else:
-            _enter(stack, item[1])
-    return found == len(arrays)
-
-
-def _enter(stack: list, value) -> None:
-    if isinstance(value, dict):
-        stack.append((value, iter(value.items())))
-    elif isinstance(value, list):
-        stack.append((value, iter(enumerate(value))))
+        node = stack.pop()
+        for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(value, (dict, list)):
+                stack.append(value)
+            elif type(value) is int and 0 <= (k := value - _FIRST) < len(arrays):
+                if key != "hash_ids":  # (list items have int keys)
+                    return False
+                node[key] = arrays[k]  # (a value replaced: allowed while iterating)
+    return True
 
 
 def ids_json(ids: np.ndarray) -> str:
