@@ -10,7 +10,7 @@ back where its number landed.
 
 The shortcut is taken only where it gives exactly what `json` + numpy give. Every
 ``"hash_ids"`` key in the text must hold a plain list — decimal integers of up to 18
-digits without leading zeros, separated by commas, spaces or tabs around them — and
+digits without leading zeros, separated by commas, JSON's whitespace around them — and
 each list's number must land as the value of a key that reads "hash_ids" (not one
 that merely ends so; a key given twice keeps its last value, as json does). Anything
 else — a sign, a fraction, an exponent, a string in the list, a trailing comma, a
@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 _KEY = b'"hash_ids"'
-_SPACE = b" \t"
+_SPACE = b" \t\n\r"  # JSON's whitespace
 
 
 # a list's stand-in: the mark then its index, 8 digits (a number no text holding no
@@ -167,7 +167,7 @@ def _scan_list(buf, at: int, out) -> tuple[int, int]:
 
 @njit(cache=True)
 def _skip_spaces(buf, i: int, stop: int) -> int:
-    while i < stop and (buf[i] == 32 or buf[i] == 9):
+    while i < stop and (buf[i] == 32 or buf[i] == 9 or buf[i] == 10 or buf[i] == 13):
         i += 1
     return i
 

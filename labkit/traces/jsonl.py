@@ -51,6 +51,19 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
         yield line_no, _decoded(raw, line_no, path)
 
 
+def first_line(path: str) -> tuple[int, str | None]:
+    """(its number, the first line that is not blank, stripped), or (1, None) when
+    every line is (bytes that are not UTF-8 text are a TraceError, as `read_lines`)."""
+    lines = read_lines(path)
+    try:
+        for line_no, text in lines:
+            if text.strip():
+                return line_no, text.strip()
+    finally:
+        lines.close()  # (the file too)
+    return 1, None
+
+
 def _raw_lines(path: str) -> Iterator[tuple[int, bytes]]:
     """``(line_number, bytes)`` for every line (a damaged gzip file or UTF-16 text is a
     TraceError, see `read_lines`)."""

@@ -53,6 +53,7 @@ def _norm(value, key=None):
 LISTS = [
     "[1,2,3]", "[ 1 , 2 ,3 ]", "[\t7,\t8\t]", "[]", "[ ]", "[0]", "[0,0,10]",
     "[123456789012345678]",            # 18 digits: taken
+    "[\n1,\r\n2\n]",                     # a list over lines (pretty-printed JSON)
     "[1234567890123456789]",           # 19 digits, in int64: json's way
     "[99999999999999999999]",          # past int64: json's way, then an error
     "[01]", "[-1]", "[-0]", "[1.0]", "[1e3]", "[1,]", "[,1]", "[1,,2]", "[1 2]",
@@ -234,7 +235,7 @@ def _random_text(rng) -> str:
                 if rng.random() < 0.95 else str(rng.choice(odd)))
 
     def space():
-        return str(rng.choice(["", " ", "  ", "\t"]))
+        return str(rng.choice(["", " ", "  ", "\t", "\n ", "\r\n"]))
 
     def listed(depth):
         items = [number() if rng.random() < 0.9 else value(depth + 1)

@@ -51,7 +51,8 @@ import numpy as np
 
 from labkit.traces.formats.common import compact_ids, output_tokens
 from labkit.traces.id_lists import loads_with_ids
-from labkit.traces.jsonl import FieldSpec, check_fields, id_array, open_text, read_objects
+from labkit.traces.jsonl import (FieldSpec, check_fields, first_line, id_array, open_text,
+                                  read_objects)
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
 from labkit.traces.validate import TraceError, check_request
@@ -236,25 +237,21 @@ def _assign_ids(calls: list[_Call], block_size: int) -> None:
 def _trace_objects(path: str) -> list[tuple[int, object]]:
     """``(line, object)`` for each trace object: one per line, a list, or one. (Their
     hash_ids lists are read as arrays where `id_lists.py` can.)"""
-    with open_text(path) as f:
-        text = f.read()
-    lines = [(n, s) for n, s in enumerate(text.splitlines(), start=1) if s.strip()]
-    if not lines:
+    start, first = first_line(path)
+    if first is None:
         raise TraceError(path, 1, "empty trace: no requests")
-    first = lines[0][1]
     try:
         if isinstance(_loads(first), dict):
             return list(read_objects(path))     # JSON lines
     except json.JSONDecodeError:
         pass                                    # an object or list over several lines
+    with open_text(path) as f:
+        text = f.read()
     try:
         doc = _loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(path, e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
-    if isinstance(doc, list):
-        start = lines[0][0]
-        return [(start, obj) for obj in doc]
-    return [(lines[0][0], doc)]
+    return [(start, obj) for obj in doc] if isinstance(doc, list) else [(start, doc)]
 
 
 def _loads(text: str):
