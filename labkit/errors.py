@@ -13,6 +13,11 @@ class ConfigError(ValueError):
     """A bad preset name, layout string or engine knob."""
 
 
+class OversizeError(ConfigError):
+    """A call no rank of the deployment can ever hold (its KV past a rank's pool): a
+    replay refuses the trace, or skips such calls (``on_oversize="skip"``)."""
+
+
 def unknown_choice(what: str, value: object, allowed) -> ConfigError:
     """The standard message for a value outside a closed set of choices."""
     allowed = ", ".join(str(a) for a in allowed)

@@ -44,7 +44,7 @@ from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hispar
     hisparse_blocks
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.engine.step_work import StepWork
-from labkit.errors import ConfigError, unknown_choice
+from labkit.errors import ConfigError, OversizeError, unknown_choice
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 from labkit.tokenizer import load_tokenizer
 from labkit.specs.dtypes import dtype_bytes
@@ -279,7 +279,7 @@ class Engine(Arrivals):
             blocks += self.placement.window_pages_per_block() * min(
                 blocks, -(-span // self.block_size) + 1)
         if blocks > self.num_blocks_per_rank:
-            raise ConfigError(
+            raise OversizeError(
                 f"request {request_id} needs {blocks} KV blocks ({total} tokens) but a DP "
                 f"rank holds {self.num_blocks_per_rank} blocks of {self.block_size} tokens; "
                 f"raise num_gpu_blocks_override / gpu_memory_utilization or use more GPUs"

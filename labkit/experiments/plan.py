@@ -27,7 +27,9 @@ From the summaries it reads the service metrics (`engine/slo.py`):
   is the point with the most throughput per GPU.
 
 A point the engine refuses (a request that cannot fit, a decode layout that splits
-prompts, ...) is kept in the table with ``status = "failed"`` and the reason.
+prompts, ...) is kept in the table with ``status = "failed"`` and the reason
+(``oversize``: refused for a call no rank can hold, which ``on_oversize="skip"``
+would serve around).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from labkit import checks
-from labkit.errors import ConfigError
+from labkit.errors import ConfigError, OversizeError
 from labkit.experiments.executors import check_executor, run_tasks
 from labkit.experiments.frontier import X_METRIC, Y_METRIC, pareto_mask
 from labkit.experiments.rate_matching import _warmup, check_run_length
@@ -143,7 +145,7 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
     d = Deployment(**point)
     if isinstance(trace, (str, os.PathLike)):
         trace = _load(os.fspath(trace))
-    row = {"config": d.name, **asdict(d), "status": "ok", "error": None}
+    row = {"config": d.name, **asdict(d), "status": "ok", "error": None, "oversize": False}
     knobs = {**(knobs or {}), **d.knobs()}
     try:
         if d.prefill_layout is None:
@@ -155,7 +157,7 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
                                 warmup_s=warmup_s, slo=slo, on_oversize=on_oversize,
                                 gpu_hour_usd=gpu_hour_usd).summary
     except ConfigError as err:
-        row.update(status="failed", error=str(err))
+        row.update(status="failed", error=str(err), oversize=isinstance(err, OversizeError))
         summary = {}
     row.update({m: _number(summary.get(m)) for m in METRICS})
     return row

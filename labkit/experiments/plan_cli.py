@@ -112,7 +112,7 @@ def run_plan_command(args) -> int:
         print(f"{len(result.results)} configurations simulated ({failed} refused by the "
               f"engine); {len(result.best)} meet the SLOs ({args.slo}, attainment >= "
               f"{args.min_attainment:g})")
-        _print_refusals(result.results)
+        _print_refusals(result.results, args.on_oversize)
         if len(result.best):
             print("\nbest, by goodput per GPU:")
             print(result.best[shown].head(args.top).to_string(index=False))
@@ -122,13 +122,19 @@ def run_plan_command(args) -> int:
     return 0 if len(result.best) else 1
 
 
-def _print_refusals(results: pd.DataFrame, shown: int = 5) -> None:
-    """Why points were refused: the commonest reasons, with their counts."""
+def _print_refusals(results: pd.DataFrame, on_oversize: str = "error",
+                    shown: int = 5) -> None:
+    """Why points were refused: the commonest reasons, with their counts (and, where a
+    call no rank can hold refused points, how to serve the rest of the trace)."""
     reasons = results.loc[results["status"] != "ok", "error"].value_counts()
     for reason, count in reasons.head(shown).items():
         print(f"  refused {count}x: {reason}")
     if len(reasons) > shown:
         print(f"  ... and {len(reasons) - shown} other reasons (plan.parquet's error column)")
+    oversize = int(results["oversize"].sum())
+    if oversize and on_oversize == "error":
+        print(f"  ({oversize} of them for a call no rank can hold: --on-oversize skip "
+              f"serves the other calls and counts the skipped ones)")
 
 
 def _texts(text: str | None) -> list[str] | None:

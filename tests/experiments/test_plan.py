@@ -166,7 +166,11 @@ def test_a_refused_configuration_says_why(tmp_path, capsys):
     refusals = re.findall(r"refused (\d+)x: request huge needs \d+ KV blocks", out)
     failed = int(re.search(r"configurations simulated \((\d+) refused", out).group(1))
     assert refusals and sum(map(int, refusals)) == failed > 0
+    assert f"({failed} of them for a call no rank can hold: --on-oversize skip" in out
     assert "(empty: no configuration ran)" in out
+    skipping = [*argv, "--max-model-len", "1000000", "--on-oversize", "skip"]
+    main(skipping)  # (no hint where calls are skipped already)
+    assert "no rank can hold" not in capsys.readouterr().out
     assert main(argv) == 2  # the model's own max_model_len (131072): no point could run it
     err = capsys.readouterr().err
     assert f"request huge: {n} + 10 tokens exceed max_model_len=131072 of {MODEL}, for every " \
