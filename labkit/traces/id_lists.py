@@ -4,14 +4,14 @@ A trace is mostly its block ids: an AgentX-like call of 600K tokens lists ~10K o
 them, so a 200-session trace is ~250 MB of digits and commas. Decoded by `json` into
 lists of Python ints and turned into arrays by numpy, they cost ~3 s of a ~4.5 s
 load. Here a compiled loop reads each list's digits straight into an int64 array;
-`json` reads the rest of the text, each list replaced by a number of its own (a
-16-digit mark the text does not hold, then the list's index); and each array is put
-back where its number landed.
+`json` reads the rest of the text, each list replaced by a one-number list of its
+own (a 16-digit mark the text around the lists does not hold, then the list's
+index); and each array is put back where its stand-in landed.
 
 The shortcut is taken only where it gives exactly what `json` + numpy give. Every
 ``"hash_ids"`` key in the text must hold a plain list — decimal integers of up to 18
 digits without leading zeros, separated by commas, JSON's whitespace around them — and
-each list's number must land as the value of a key that reads "hash_ids" (not one
+each list's stand-in must land as the value of a key that reads "hash_ids" (not one
 that merely ends so; a key given twice keeps its last value, as json does). Anything
 else — a sign, a fraction, an exponent, a string in the list, a trailing comma, a
 malformed text, the mark in the text — leaves the text to `json` whole, which accepts
@@ -34,8 +34,9 @@ _KEY = b'"hash_ids"'
 _SPACE = b" \t\n\r"  # JSON's whitespace
 
 
-# a list's stand-in: the mark then its index, 8 digits (a number no text holding no
-# copy of the mark can spell: a JSON number is its digits, and ints have no other way)
+# list k's stand-in: [the mark then k in 8 digits] — a list, as the one it replaces (so
+# whatever surrounds it reads as before), of a number no text without the mark holds (a
+# JSON int is spelt by its digits, and in no other way)
 _MARK = b"8142957360518273"
 _FIRST = int(_MARK) * 10**8
 
@@ -54,10 +55,12 @@ def split_ids(raw: bytes):
         m, end = _scan_list(data, i, out)
         if end < 0:
             return None
-        parts += (raw[at:i], _MARK, b"%08d" % len(arrays))
+        if raw.find(_MARK, at, i) >= 0:  # (the text around the lists must not hold it)
+            return None
+        parts += (raw[at:i], b"[", _MARK, b"%08d]" % len(arrays))
         arrays.append(out[:m].copy())
         at = end
-    if not arrays or raw.find(_MARK) >= 0:
+    if not arrays or raw.find(_MARK, at) >= 0:
         return None
     parts.append(raw[at:])
     return b"".join(parts), arrays
@@ -93,20 +96,31 @@ def loads_with_ids(raw: bytes, decode: str = "utf-8"):
 
 
 def _put_back(obj, arrays: list) -> bool:
-    """Put arrays[k] where list k's number landed; False where one landed as the value
-    of a key that is not "hash_ids". (A number may be gone: its key given again later,
-    whose value json keeps — as it drops the list.)"""
+    """Put arrays[k] where list k's stand-in landed; False where one landed as the
+    value of a key that is not "hash_ids". (A stand-in may be gone: its key given
+    again later, whose value json keeps — as it drops the list.)"""
     stack = [obj] if isinstance(obj, (dict, list)) else []
     while stack:
         node = stack.pop()
         for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
-            if isinstance(value, (dict, list)):
+            if isinstance(value, dict):
                 stack.append(value)
-            elif type(value) is int and 0 <= (k := value - _FIRST) < len(arrays):
-                if key != "hash_ids":  # (list items have int keys)
+            elif isinstance(value, list):
+                k = _stand_in(value, len(arrays))
+                if k < 0:
+                    stack.append(value)
+                elif key != "hash_ids":  # (list items have int keys)
                     return False
-                node[key] = arrays[k]  # (a value replaced: allowed while iterating)
+                else:
+                    node[key] = arrays[k]  # (a value replaced: allowed while iterating)
     return True
+
+
+def _stand_in(value: list, count: int) -> int:
+    """k if `value` is list k's stand-in, [its number], else -1."""
+    if len(value) == 1 and type(value[0]) is int and 0 <= (k := value[0] - _FIRST) < count:
+        return k
+    return -1
 
 
 def ids_json(ids: np.ndarray) -> str:
