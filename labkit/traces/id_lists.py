@@ -42,7 +42,7 @@ _FIRST = int(_MARK) * 10**8
 
 
 def split_ids(raw: bytes):
-    """(the text with its hash_ids lists replaced by their numbers, the ids as int64
+    """(the text with its hash_ids lists replaced by their stand-ins, the ids as int64
     arrays), or None where a list is not plain or there is none (see the module doc)."""
     parts, arrays, at = [], [], 0
     data = np.frombuffer(raw, dtype=np.uint8)
@@ -51,7 +51,10 @@ def split_ids(raw: bytes):
         i = _skip(raw, colon + 1)
         if raw[colon : colon + 1] != b":" or raw[i : i + 1] != b"[" or len(arrays) == 10**8:
             return None
-        out = _scratch(len(raw) // 2 + 1)  # (each id but the last takes a comma too)
+        close = raw.find(b"]", i)  # (a plain list ends at the first ']')
+        if close < 0:
+            return None
+        out = _scratch((close - i) // 2 + 1)  # (each id but the last takes a comma too)
         m, end = _scan_list(data, i, out)
         if end < 0:
             return None
