@@ -215,9 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "jupyter lab)")
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("target",
-                       choices=["sim", "costmodel", "layouts", "kernels", "compute", "kv",
-                                "traces"])
+    bench.add_argument("target", choices=["sim", "costmodel", "layouts", "kernels", "compute",
+                                          "kv", "traces"])
     bench.add_argument("--quick", action="store_true", help="smaller runs")
     bench.add_argument("--duration-s", type=float, default=None,
                        help="sim: simulated seconds of the replays timed in (b) "

@@ -98,6 +98,12 @@ def loads_with_ids(raw: bytes, decode: str = "utf-8"):
     return obj if _put_back(obj, arrays) else None
 
 
+def loads(text: str):
+    """`json.loads(text)`, its hash_ids lists read as arrays where they can be."""
+    obj = loads_with_ids(text.encode("utf-8"))
+    return obj if obj is not None else json.loads(text)
+
+
 def _put_back(obj, arrays: list) -> bool:
     """Put arrays[k] where list k's stand-in landed; False where one landed as the
     value of a key that is not "hash_ids". (A stand-in may be gone: its key given

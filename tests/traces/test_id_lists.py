@@ -206,20 +206,19 @@ def test_published_formats_load_as_before_and_take_the_shortcut(monkeypatch, nam
     json alone, and their lists are read the quick way."""
     from pathlib import Path
 
-    from labkit.traces.formats import agentx_json
     from labkit.traces import id_lists
 
     path = Path(__file__).parent / "fixtures" / name
-    taken = []
+    taken, shortcut = [], id_lists.loads_with_ids
 
     def counted(raw, decode="utf-8"):
-        obj = id_lists.loads_with_ids(raw, decode)
+        obj = shortcut(raw, decode)
         taken.append(obj is not None)
         return obj
 
     with monkeypatch.context() as m:
-        m.setattr(jsonl, "loads_with_ids", counted)
-        m.setattr(agentx_json, "loads_with_ids", counted)
+        m.setattr(jsonl, "loads_with_ids", counted)  # (lines: read_objects)
+        m.setattr(id_lists, "loads_with_ids", counted)  # (whole texts: id_lists.loads)
         fast = load_trace(path)
     assert any(taken)
     with json_only():

@@ -50,7 +50,7 @@ import math
 import numpy as np
 
 from labkit.traces.formats.common import compact_ids, output_tokens
-from labkit.traces.id_lists import loads_with_ids
+from labkit.traces.id_lists import loads
 from labkit.traces.jsonl import (FieldSpec, check_fields, first_line, id_array, open_text,
                                   read_objects)
 from labkit.traces.schema import Trace, TraceRequest
@@ -241,20 +241,14 @@ def _trace_objects(path: str) -> list[tuple[int, object]]:
     if first is None:
         raise TraceError(path, 1, "empty trace: no requests")
     try:
-        if isinstance(_loads(first), dict):
+        if isinstance(loads(first), dict):
             return list(read_objects(path))     # JSON lines
     except json.JSONDecodeError:
         pass                                    # an object or list over several lines
     with open_text(path) as f:
         text = f.read()
     try:
-        doc = _loads(text)
+        doc = loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(path, e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
     return [(start, obj) for obj in doc] if isinstance(doc, list) else [(start, doc)]
-
-
-def _loads(text: str):
-    """`json.loads`, the hash_ids lists read as arrays where they can be."""
-    obj = loads_with_ids(text.encode("utf-8"))
-    return obj if obj is not None else json.loads(text)

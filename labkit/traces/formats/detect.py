@@ -20,7 +20,7 @@ import zlib
 from labkit.traces.formats.azure import AZURE_COLUMNS
 from labkit.traces.formats.burstgpt import BURSTGPT_COLUMNS
 from labkit.traces.formats.splitwise import SPLITWISE_COLUMNS
-from labkit.traces.id_lists import loads_with_ids
+from labkit.traces.id_lists import loads
 from labkit.traces.jsonl import first_line, open_text
 from labkit.traces.validate import TraceError
 
@@ -61,9 +61,7 @@ def _multi_line_object(path: str, line_no: int) -> str:
     or a damaged JSON-lines file (then the labkit loader reports the bad line)."""
     with open_text(path) as f:
         try:
-            text = f.read()
-            doc = loads_with_ids(text.encode("utf-8"))  # (ids as arrays: quicker)
-            doc = json.loads(text) if doc is None else doc
+            doc = loads(f.read())  # (ids read as arrays: quicker than json's lists)
         except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError, zlib.error):
             return "labkit"  # its loader names the damaged line
     return "agentx" if isinstance(doc, (dict, list)) else "labkit"
