@@ -41,6 +41,7 @@ from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.formats import FORMATS
 from labkit.traces.load_cli import add_load_flags
+from labkit.traces.parts import add_select_flags, load_selected, selection_from_args
 from labkit.traces.loads import LOAD_KINDS
 from labkit.traces.validate import TraceError
 from labkit.specs.config import knob_fields
@@ -117,14 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("file")
     stats.add_argument("--format", choices=["auto", *FORMATS], default="auto")
     stats.add_argument("--json", action="store_true")
+    add_select_flags(stats)
     convert = tsub.add_parser("convert", help="rewrite a trace in any format as labkit JSONL")
     convert.add_argument("input")
     convert.add_argument("output", help="labkit JSONL (.gz: compressed)")
     convert.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    add_select_flags(convert)
 
     replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
     replay.add_argument("--trace", required=True)
     replay.add_argument("--format", choices=["auto", *FORMATS], default="auto")
+    add_select_flags(replay)
     replay.add_argument("--model", required=True,
                         help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
                              "config.json or model folder")
@@ -304,11 +308,11 @@ def _run(args) -> int:
 
 def _trace(args) -> int:
     from labkit.outputs import check_regular_target, strict_json
-    from labkit.traces import generate_agentx_trace, load_trace, trace_stats, write_trace
+    from labkit.traces import generate_agentx_trace, trace_stats, write_trace
 
     if args.trace_command == "convert":
         check_regular_target(args.output, "OUTPUT")  # before reading: a device stays as it is
-        trace = load_trace(args.input, format=args.format)
+        trace = load_selected(args.input, args)
         write_trace(trace, args.output)
         print(f"wrote {len(trace.requests)} requests in {len(trace.sessions())} sessions "
               f"({trace.format}, block size {trace.block_size}) to {args.output}")
@@ -342,7 +346,7 @@ def _trace(args) -> int:
         write_trace(trace, args.out)
         print(f"wrote {len(trace.requests)} requests in {args.sessions} sessions to {args.out}")
         return 0
-    stats = trace_stats(load_trace(args.file, format=args.format))
+    stats = trace_stats(load_selected(args.file, args))
     if args.json:
         print(strict_json(stats, default=_plain))
     else:
@@ -376,7 +380,6 @@ def _replay(args) -> int:
     from labkit.engine import Engine
     from labkit.engine.replay import check_replay_args
     from labkit.outputs import OutDir, strict_json
-    from labkit.traces import load_trace
 
     if _torchrun_worker(args):  # a worker process of a torchrun launch: serve the driver
         from labkit.engine.compute.mp_executor import serve
@@ -388,10 +391,11 @@ def _replay(args) -> int:
     from labkit.engine.slo import metric_options
 
     metric_options(args.slo, args.percentiles, args.gpu_hour_usd)  # bad values: before loading
+    selection_from_args(args)
     with contextlib.ExitStack() as stack:
         # the results folder is claimed (checked, locked) before anything runs
         out = stack.enter_context(OutDir(args.out, args.overwrite)) if args.out else None
-        trace = load_trace(args.trace, format=args.format)
+        trace = load_selected(args.trace, args)
         compute = {k: getattr(args, k) for k in ("device", "clock", "dtype", "checkpoint",
                                                  "executor")
                    if getattr(args, k) is not None}
