@@ -151,3 +151,26 @@ def test_cli_cuts_a_published_trace(tmp_path, capsys):
         bad = tmp_path / "bad.jsonl"
         assert main(["trace", "convert", str(source), str(bad), *flags]) == 2
         assert message in capsys.readouterr().err and not bad.exists()
+
+
+def test_replay_of_a_window_is_the_replay_of_that_part(tmp_path, capsys):
+    import json
+
+    from labkit.traces import generate_random_trace, write_trace
+
+    source, part = tmp_path / "load.jsonl", tmp_path / "part.jsonl"
+    write_trace(generate_random_trace(num_prompts=60, request_rate=6.0, input_len=300,
+                                      output_len=20, seed=4), source)
+    flags = ["--window", "3:6", "--speedup", "1.5"]
+    assert main(["trace", "convert", str(source), str(part), *flags]) == 0
+    summaries = []
+    for trace, more in [(source, flags), (part, [])]:
+        capsys.readouterr()
+        assert main(["replay", "--trace", str(trace), *more, "--model", "llama-3.1-8b",
+                     "--open-loop", "--json", "--no-progress"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        summary.pop("wall_s"), summary.pop("sim_speed")
+        summaries.append(summary)
+    assert summaries[0] == summaries[1]
+    in_window = sum(3 <= r.timestamp < 6 for r in load_trace(source).requests)
+    assert summaries[0]["requests_completed"] == in_window > 0
