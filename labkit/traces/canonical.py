@@ -49,7 +49,7 @@ def _flatten(hash_lists: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]
 CHECK_CHUNK = 1 << 22  # ids joined at a time while checking (32 MB)
 
 
-def is_chain_unique(hash_lists: list[np.ndarray]) -> bool:
+def is_chain_unique(hash_lists: list[np.ndarray], top: int | None = None) -> bool:
     """Does every id have a single block position and a single predecessor?
 
     Two tables indexed by id hold the position and the predecessor an id was first
@@ -57,29 +57,58 @@ def is_chain_unique(hash_lists: list[np.ndarray]) -> bool:
     chunk at a time, never all at once: a generated 400-session trace holds some 350
     MB of ids, and joining them (with a column or two besides) quadrupled what
     generating it needed. Ids far above their count are first renamed densely.
+    ``top``: the largest id, where the caller knows it (``largest_id``).
     """
     lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
     total = int(lengths.sum())
     if total == 0:
         return True
-    top = max(int(h.max()) for h in hash_lists if len(h))
+    top = largest_id(hash_lists) if top is None else top
     if top >= 4 * total + 2**20:  # sparse ids: tables by id would be too large
         dense, lengths, n_ids = _flatten(hash_lists)
         return _agree(dense, lengths, np.full(n_ids, -1, dtype=np.int32),
                       np.empty(n_ids, dtype=np.int64))
     position = np.full(top + 1, -1, dtype=np.int32)
     before = np.empty(top + 1, dtype=np.int64)
-    first = 0
-    while first < len(hash_lists):
-        last, size = first, 0
-        while last < len(hash_lists) and (size < CHECK_CHUNK or last == first):
-            size += len(hash_lists[last])
-            last += 1
-        if size and not _agree(np.concatenate(hash_lists[first:last]), lengths[first:last],
-                               position, before):
+    for first, last in _chunks(lengths):
+        if not _agree(np.concatenate(hash_lists[first:last]), lengths[first:last],
+                      position, before):
             return False
-        first = last
     return True
+
+
+def largest_id(hash_lists: list[np.ndarray]) -> int:
+    """The largest id of all the lists (-1 when there is none)."""
+    return id_range(hash_lists)[1]
+
+
+def id_range(hash_lists: list[np.ndarray]) -> tuple[int, int]:
+    """The smallest and the largest id of all the 1-D lists ((0, -1) when there is
+    none), joined a chunk at a time: two reductions per chunk, not per list (~1 us
+    each, and a published trace has millions of lists)."""
+    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    low, high = 0, -1
+    for first, last in _chunks(lengths):
+        joined = np.concatenate(hash_lists[first:last])
+        low = int(joined.min()) if high < 0 else min(low, int(joined.min()))
+        high = max(high, int(joined.max()))
+    return low, high
+
+
+def _chunks(lengths: np.ndarray):
+    """(first, last) ranges of lists holding about CHECK_CHUNK ids (at least one list
+    each), those holding none skipped."""
+    ends = np.cumsum(lengths)
+    first, n = 0, len(lengths)
+    while first < n:
+        before = int(ends[first - 1]) if first else 0
+        # lists up to and including the one that brings the chunk to CHECK_CHUNK ids
+        last = max(int(np.searchsorted(ends, before + CHECK_CHUNK, side="left")) + 1,
+                   first + 1)
+        last = min(last, n)
+        if ends[last - 1] > before:
+            yield first, last
+        first = last
 
 
 def _agree(ids, lengths, position, before) -> bool:
@@ -153,9 +182,11 @@ def _by_appearance(chosen: np.ndarray, first_at: np.ndarray, labels: np.ndarray)
     return labels[np.flatnonzero(marks)]  # the entry where a chain first appears is its own
 
 
-def canonicalize(hash_lists: list[np.ndarray]) -> list[np.ndarray] | None:
-    """Chain-unique copies of ``hash_lists``, or None when they already are."""
-    if is_chain_unique(hash_lists):
+def canonicalize(hash_lists: list[np.ndarray],
+                 top: int | None = None) -> list[np.ndarray] | None:
+    """Chain-unique copies of ``hash_lists``, or None when they already are (``top``:
+    their largest id, where known)."""
+    if is_chain_unique(hash_lists, top):
         return None
     dense, lengths, n_ids = _flatten(hash_lists)
     ids = np.concatenate(hash_lists)

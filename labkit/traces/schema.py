@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from labkit.traces.canonical import canonicalize
-from labkit.traces.validate import TraceError, check_links, check_request
+from labkit.traces.canonical import canonicalize, id_range, largest_id
+from labkit.traces.validate import MAX_HASH_ID, TraceError, check_links, check_request
 
 
 @dataclass(slots=True, eq=False)
@@ -90,17 +90,24 @@ class Trace:
         if not isinstance(self.block_size, int) or self.block_size <= 0:
             raise TraceError(where, 1, f"block_size must be a positive integer, "
                                        f"got {self.block_size!r}")
-        for i, req in enumerate(self.requests):
+        for req in self.requests:
             if not (isinstance(req.hash_ids, np.ndarray) and req.hash_ids.dtype == np.int64):
                 req.hash_ids = np.asarray(req.hash_ids, dtype=np.int64)
-            reason = check_request(req, self.block_size)
+        hash_lists = [r.hash_ids for r in self.requests]
+        in_range = all(h.ndim == 1 for h in hash_lists)
+        if in_range:  # every list's range at once; otherwise each list says
+            low, self._max_hash_id = id_range(hash_lists)
+            in_range = low >= 0 and self._max_hash_id < MAX_HASH_ID
+        for i, req in enumerate(self.requests):
+            reason = check_request(req, self.block_size, in_range)
             if reason:
                 raise TraceError(where, i + 1, reason)
         check_links(self.requests, where)
-        remapped = canonicalize([r.hash_ids for r in self.requests])
+        remapped = canonicalize(hash_lists, self._max_hash_id)
         if remapped is not None:
             for req, ids in zip(self.requests, remapped, strict=True):
                 req.hash_ids = ids
+            self._max_hash_id = largest_id(remapped)
         self._build_lookups()
 
     def _build_lookups(self) -> None:
@@ -120,7 +127,6 @@ class Trace:
             if req.kind == self.requests[p].kind:  # same thread: main->main, sub->sub
                 self._successor[p] = i
         self._sessions = list(sessions.values())
-        self._max_hash_id = max((int(r.hash_ids.max()) for r in self.requests), default=-1)
 
     # -- lookups -------------------------------------------------------------
     def __len__(self) -> int:

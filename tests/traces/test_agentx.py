@@ -74,8 +74,8 @@ def test_chain_unique_by_construction(monkeypatch):
     results = []
     real = schema.canonicalize
 
-    def spy(hash_lists):
-        results.append(real(hash_lists))
+    def spy(hash_lists, top=None):
+        results.append(real(hash_lists, top))
         return results[-1]
 
     monkeypatch.setattr(schema, "canonicalize", spy)

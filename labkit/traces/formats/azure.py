@@ -15,8 +15,13 @@ no sessions: each row is its own single-call session ``az-<line>`` with fresh id
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
+import numpy as np
+import pandas as pd
+
+from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, int_cell
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError
@@ -38,6 +43,9 @@ def _when(text: str, path: str, line: int) -> datetime:
 def load_azure(path: str) -> Trace:
     """Read an Azure LLM inference CSV (TraceError names the first bad line)."""
     fresh = FreshIds()
+    requests = _by_columns(path, fresh)
+    if requests is not None:
+        return fresh.trace(requests, path, "azure")
     requests: list[TraceRequest] = []
     stamps: list[datetime] = []
     for line, row in csv_rows(path, AZURE_COLUMNS, "Azure"):
@@ -49,3 +57,31 @@ def load_azure(path: str) -> Trace:
     for req, stamp in zip(requests, stamps, strict=True):
         req.timestamp = (stamp - start).total_seconds()  # exact to the microsecond
     return fresh.trace(requests, path, "azure")
+
+
+# The two published spellings (2023: naive, 7 digits; 2024: 6 digits and an offset),
+# which datetime.fromisoformat and pandas read alike; anything else goes row by row.
+_PUBLISHED_STAMP = re.compile(r"\d{4}-\d\d-\d\d ([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+                              r"(\.\d{1,7})?([+-]([01]\d|2[0-3]):[0-5]\d)?")
+
+
+def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+    """The rows read a column at a time (``csv_columns``), or None."""
+    cells = columns.plain_columns(path, AZURE_COLUMNS)
+    if cells is None:
+        return None
+    inputs = columns.numbers(cells["ContextTokens"], whole=True)
+    outputs = columns.numbers(cells["GeneratedTokens"], whole=True)
+    texts = pd.Series(columns.strings(cells["TIMESTAMP"]))
+    if inputs is None or outputs is None or not texts.str.fullmatch(_PUBLISHED_STAMP).all():
+        return None
+    try:
+        stamps = pd.to_datetime(texts, format="ISO8601", utc=True)
+    except (ValueError, OverflowError):
+        return None
+    micros = stamps.to_numpy(dtype="datetime64[ns]").view(np.int64) // 1000
+    # fromisoformat keeps six digits of a second (the 2023 files give seven); the
+    # differences between whole microseconds, then / 1e6, as timedelta.total_seconds()
+    seconds = (micros - micros.min()) / 1e6
+    lines = range(2, len(inputs) + 2)
+    return fresh.many([f"az-{line}" for line in lines], inputs, outputs, seconds)

@@ -20,6 +20,9 @@ invent prefix reuse. Requests keep their timestamps (open loop replays them).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, float_cell, int_cell
 from labkit.traces.schema import Trace, TraceRequest
 
@@ -30,6 +33,9 @@ SESSION_COLUMN = "Session ID"
 def load_burstgpt(path: str) -> Trace:
     """Read a BurstGPT CSV (TraceError names the first bad line)."""
     fresh = FreshIds()
+    requests = _by_columns(path, fresh)
+    if requests is not None:
+        return fresh.trace(requests, path, "burstgpt")
     requests: list[TraceRequest] = []
     last_of_session: dict[str, TraceRequest] = {}
     for line, row in csv_rows(path, BURSTGPT_COLUMNS, "BurstGPT"):
@@ -46,3 +52,26 @@ def load_burstgpt(path: str) -> Trace:
         if session:
             last_of_session[session] = req
     return fresh.trace(requests, path, "burstgpt")
+
+
+def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+    """The rows read a column at a time (``csv_columns``), or None."""
+    read = columns.timed_counts(path, BURSTGPT_COLUMNS, optional=(SESSION_COLUMN,))
+    if read is None:
+        return None
+    cells, stamps, inputs, outputs = read
+    names = [f"bg-{line}" for line in range(2, len(stamps) + 2)]
+    if SESSION_COLUMN not in cells:
+        return fresh.many(names, inputs, outputs, stamps)
+    sessions, parents = [], []
+    delays = np.zeros(len(stamps))
+    last_of_session: dict[str, int] = {}  # session -> its latest row so far
+    for i, session in enumerate(columns.strings(cells[SESSION_COLUMN])):
+        before = last_of_session.get(session) if session else None
+        sessions.append(f"bg-s{session}" if session else None)
+        parents.append(names[before] if before is not None else None)
+        if before is not None:
+            delays[i] = max(stamps[i] - stamps[before], 0.0)
+        if session:
+            last_of_session[session] = i
+    return fresh.many(names, inputs, outputs, stamps, sessions, parents, delays)

@@ -30,6 +30,9 @@ from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
 from labkit.traces.validate import MAX_HASH_ID, TraceError, check_request
 
+# A token count past this is damage, not a prompt: no ids are minted for it.
+MAX_PROMPT_TOKENS = 2**32
+
 # Block size given to traces whose format has no block ids: any engine block size
 # that divides it or is a multiple of it works (16, 32, 64, 128, ...).
 TOKENS_ONLY_BLOCK_SIZE = 64
@@ -100,6 +103,9 @@ class FreshIds:
                 parent_id: str | None = None, delay_s: float = 0.0) -> TraceRequest:
         """A main call (its own session unless ``session_id``), checked on its own:
         TraceError at ``where`` = (path, line) when malformed."""
+        if input_length > MAX_PROMPT_TOKENS:  # before minting ids for it
+            raise TraceError(*where, f"input_length {input_length} is past any prompt "
+                                     f"(at most 2**32 tokens)")
         req = TraceRequest(
             session_id=session_id or request_id, request_id=request_id, parent_id=parent_id,
             kind="main", delay_s=delay_s, input_length=input_length,
@@ -110,6 +116,32 @@ class FreshIds:
         if reason:
             raise TraceError(*where, reason)
         return req
+
+    def many(self, names: list[str], inputs: np.ndarray, outputs: np.ndarray,
+             timestamps: np.ndarray, sessions: list[str | None] | None = None,
+             parents: list[str | None] | None = None,
+             delays: np.ndarray | None = None) -> list[TraceRequest] | None:
+        """``request`` for many rows at once (``csv_columns``): the same requests, ids
+        minted in the same order -- or None, minting nothing, where one of them would
+        be refused (the row reader then names it)."""
+        if len(inputs) == 0 or (inputs <= 0).any() or (inputs > MAX_PROMPT_TOKENS).any() or \
+                (timestamps < 0).any() or \
+                (delays is not None and (delays < 0).any()):
+            return None
+        ends = np.cumsum(-(-inputs // self.block_size))
+        ids = self._minter.take(int(ends[-1]))
+        hash_ids = [ids[a:b] for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
+        n = len(names)
+        sessions = sessions or [None] * n
+        parents = parents or [None] * n
+        delays_s = delays.tolist() if delays is not None else [0.0] * n
+        # positional: TraceRequest(session_id, request_id, parent_id, kind, delay_s,
+        # input_length, output_length, hash_ids, timestamp)
+        return [TraceRequest(session or name, name, parent, "main", delay, inp, out, h, t)
+                for name, inp, out, h, t, session, parent, delay in zip(
+                    names, inputs.tolist(), np.maximum(outputs, 1).tolist(), hash_ids,
+                    timestamps.tolist(),
+                    sessions, parents, delays_s, strict=True)]
 
     def trace(self, requests: list[TraceRequest], path: str, format_name: str) -> Trace:
         if not requests:

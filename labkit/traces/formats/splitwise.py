@@ -15,6 +15,9 @@ shared content.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, float_cell, int_cell
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError
@@ -25,6 +28,9 @@ SPLITWISE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
 def load_splitwise(path: str) -> Trace:
     """Read a Splitwise CSV trace (TraceError names the first bad line)."""
     fresh = FreshIds()
+    requests = _by_columns(path, fresh)
+    if requests is not None:
+        return fresh.trace(requests, path, "splitwise")
     requests: list[TraceRequest] = []
     line_of: dict[str, int] = {}
     for line, row in csv_rows(path, SPLITWISE_COLUMNS, "Splitwise"):
@@ -43,3 +49,28 @@ def load_splitwise(path: str) -> Trace:
                 int_cell(row, "token_size", path, line),
                 timestamp=float_cell(row, "arrival_timestamp", path, line)))
     return fresh.trace(requests, path, "splitwise")
+
+
+def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+    """The rows read a column at a time (``csv_columns``), or None."""
+    read = columns.timed_counts(path, SPLITWISE_COLUMNS, optional=("request_id", "batch_size"))
+    if read is None:
+        return None
+    cells, stamps, inputs, outputs = read
+    lines = range(2, len(stamps) + 2)
+    given = columns.strings(cells["request_id"]) if "request_id" in cells else [""] * len(lines)
+    names = [name or str(line) for name, line in zip(given, lines, strict=True)]
+    copies = np.ones(len(names), dtype=np.int64)
+    if "batch_size" in cells:
+        sizes = columns.strings(cells["batch_size"])
+        given_sizes = [i for i, size in enumerate(sizes) if size]
+        counts = columns.numbers([sizes[i] for i in given_sizes], whole=True)
+        if counts is None or (counts < 1).any():
+            return None
+        copies[given_sizes] = counts
+    if len(set(names)) != len(names):  # the row reader names the duplicate
+        return None
+    ids = [f"sw-{name}" if n == 1 else f"sw-{name}.{copy}"
+           for name, n in zip(names, copies.tolist(), strict=True) for copy in range(n)]
+    return fresh.many(ids, np.repeat(inputs, copies), np.repeat(outputs, copies),
+                      np.repeat(stamps, copies))
