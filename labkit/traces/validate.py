@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # only for annotations; schema imports this module
 
 # Block ids must fit in 40 bits: engines pack them together with other keys.
 MAX_HASH_ID = 2**40
+# Token counts past these are damage: no model reads a 134M-token prompt, and a
+# longer one would have loaders mint ids by the gigabyte; outputs stay summable.
+MAX_PROMPT_TOKENS = 2**27
+MAX_OUTPUT_TOKENS = 2**40
 KINDS = ("main", "subagent")
 
 
@@ -49,10 +53,10 @@ def check_request(req: TraceRequest, block_size: int, ids_in_range: bool = False
     (``ids_in_range``: the caller has checked the ids' range for many requests at once)."""
     if req.kind not in KINDS:
         return f"kind must be 'main' or 'subagent', got {req.kind!r}"
-    if req.input_length <= 0:
-        return f"input_length must be > 0, got {req.input_length}"
-    if req.output_length < 1:
-        return f"output_length must be >= 1, got {req.output_length}"
+    if not 0 < req.input_length <= MAX_PROMPT_TOKENS:
+        return f"input_length must be > 0 and <= 2**27, got {req.input_length}"
+    if not 1 <= req.output_length <= MAX_OUTPUT_TOKENS:
+        return f"output_length must be >= 1 and <= 2**40, got {req.output_length}"
     if not (math.isfinite(req.delay_s) and req.delay_s >= 0):
         return f"delay_s must be a finite number >= 0, got {req.delay_s}"
     if req.timestamp is not None and not (math.isfinite(req.timestamp) and req.timestamp >= 0):

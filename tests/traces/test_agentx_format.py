@@ -112,6 +112,10 @@ def _one(requests, **top) -> str:
     (_one([{"t": 0, "type": "n", "in": 4, "out": 1}]) + "\n"
      + _one([{"t": 0, "type": "n", "in": 4, "out": 1}]), 2, r"duplicate trace id 't'"),
     ('{"id": "t", "block_size": 4,\n "requests": [,]}', 2, r"invalid JSON"),
+    # a damaged count with no hash_ids: refused in order, no 2**31 ids minted for it
+    (_one([{"t": 0, "type": "n", "in": 4, "out": 1},
+           {"t": 1, "type": "n", "in": 2**33, "out": 1}]), 1,
+     r"requests\[1\]: input_length must be > 0 and <= 2\*\*27, got 8589934592"),
 ])
 def test_errors_name_the_object_and_entry(tmp_path, text, line, pattern):
     path = tmp_path / "t.json"

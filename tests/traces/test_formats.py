@@ -103,6 +103,17 @@ def test_bailian_rows_without_hash_ids_get_fresh_ones(tmp_path):
        "output_length": 1, "hash_ids": [1]},
       {"chat_id": 2, "timestamp": 0, "input_length": 16, "output_length": 1,
        "hash_ids": [1]}], 1, r"parent_chat_id 2 arrives after this request \(line 2\)"),
+    # a chat that is its own parent, and one whose id marks "no parent" (were KeyErrors)
+    ([{"chat_id": 3, "parent_chat_id": 3, "timestamp": 0, "input_length": 16,
+       "output_length": 1}], 1, r"chat_id 3 cannot be a chat's own parent"),
+    ([{"chat_id": -1, "parent_chat_id": -1, "timestamp": 0, "input_length": 16,
+       "output_length": 1}], 1, r"chat_id -1 cannot be a chat's own parent"),
+    # a damaged count with no hash_ids: refused, not 2**60 fresh ids minted for it
+    ([{"chat_id": 1, "timestamp": 0, "input_length": 16, "output_length": 1},
+      {"chat_id": 2, "timestamp": 0, "input_length": 2**64, "output_length": 1}], 2,
+     r"input_length must be > 0 and <= 2\*\*27"),
+    ([{"chat_id": 1, "timestamp": 0, "input_length": 16, "output_length": 10**30}], 1,
+     r"output_length must be >= 1 and <= 2\*\*40"),
 ])
 def test_bailian_errors_name_the_line(tmp_path, rows, line, pattern):
     path = tmp_path / "b.jsonl"
@@ -146,6 +157,10 @@ def test_burstgpt_session_column_links_a_sessions_requests():
      2, r"column 'ContextTokens': '1.5' is not a whole number"),
     ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,0,2\n",
      2, r"input_length must be > 0"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,2\n"
+              "2023-11-16 18:17:04,9999999999999,2\n", 3, r"input_length must be > 0 and <="),
+    ("b.csv", "Timestamp,Model,Request tokens,Response tokens\n1,x,5,2000000000000\n", 2,
+     r"output_length must be >= 1 and <= 2\*\*40"),
     ("b.csv", "Timestamp,Model,Request tokens,Response tokens\n1,x,5\n", 2,
      r"3 cells, but the header has 4 columns"),
     ("s.csv", "request_id,arrival_timestamp,prompt_size,token_size\n1,0,5,5\n1,1,5,5\n", 3,

@@ -49,7 +49,7 @@ import math
 
 import numpy as np
 
-from labkit.traces.formats.common import compact_ids, output_tokens
+from labkit.traces.formats.common import compact_ids, fresh_blocks, output_tokens
 from labkit.traces.id_lists import loads
 from labkit.traces.jsonl import (FieldSpec, check_fields, first_line, id_array, open_text,
                                   read_objects)
@@ -230,8 +230,8 @@ def _assign_ids(calls: list[_Call], block_size: int) -> None:
     minter = IdMinter(offset)
     for call in calls:
         if call.raw_ids is None:
-            call.request.hash_ids = minter.take(-(-max(call.request.input_length, 0)
-                                                 // block_size))
+            call.request.hash_ids = minter.take(fresh_blocks(call.request.input_length,
+                                                             block_size))
 
 
 def _trace_objects(path: str) -> list[tuple[int, object]]:

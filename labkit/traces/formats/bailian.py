@@ -31,13 +31,15 @@ since its block ids say so).
 """
 from __future__ import annotations
 
-from labkit.traces.formats.common import compact_ids, needs_compacting, output_tokens
+from labkit.traces.formats.common import (
+    compact_ids, fresh_blocks, needs_compacting, output_tokens)
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, read_objects
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
 from labkit.traces.validate import TraceError, check_request
 
 BAILIAN_BLOCK_SIZE = 16
+ROOT = -1  # the parent_chat_id of a first turn
 
 BAILIAN_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
     "chat_id": ("integer", True, False),
@@ -58,6 +60,9 @@ def load_bailian(path: str) -> Trace:
     for line, obj in read_objects(path):
         check_fields(obj, BAILIAN_FIELDS, path, line)
         chat = obj["chat_id"]
+        if chat == ROOT or chat == obj.get("parent_chat_id", ROOT):
+            raise TraceError(path, line, f"chat_id {chat} cannot be a chat's own parent "
+                                         f"(parent_chat_id {ROOT} marks a first turn)")
         if chat in line_of:
             raise TraceError(path, line, f"duplicate chat_id {chat} (first at line "
                                          f"{line_of[chat]})")
@@ -81,7 +86,7 @@ def load_bailian(path: str) -> Trace:
     continued: set[int] = set()        # chats that already have a follow-up turn
     requests: list[TraceRequest] = []
     for (line, obj), ids in zip(rows, hash_lists, strict=True):
-        chat, parent = obj["chat_id"], obj.get("parent_chat_id", -1)
+        chat, parent = obj["chat_id"], obj.get("parent_chat_id", ROOT)
         if parent in position and position[parent] > position[chat]:
             raise TraceError(path, line, f"parent_chat_id {parent} arrives after this "
                                          f"request (line {line_of[parent]})")
@@ -99,7 +104,7 @@ def load_bailian(path: str) -> Trace:
             kind="main", delay_s=float(delay), input_length=obj["input_length"],
             output_length=output_tokens(obj["output_length"]),
             hash_ids=ids if ids is not None else fresh.take(
-                -(-max(obj["input_length"], 0) // BAILIAN_BLOCK_SIZE)),
+                fresh_blocks(obj["input_length"], BAILIAN_BLOCK_SIZE)),
             timestamp=float(obj["timestamp"]))
         reason = check_request(req, BAILIAN_BLOCK_SIZE)
         if reason:

@@ -28,10 +28,8 @@ import numpy as np
 from labkit.traces.jsonl import open_text
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
-from labkit.traces.validate import MAX_HASH_ID, TraceError, check_request
-
-# A token count past this is damage, not a prompt: no ids are minted for it.
-MAX_PROMPT_TOKENS = 2**32
+from labkit.traces.validate import (
+    MAX_HASH_ID, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, TraceError, check_request)
 
 # Block size given to traces whose format has no block ids: any engine block size
 # that divides it or is a multiple of it works (16, 32, 64, 128, ...).
@@ -90,6 +88,14 @@ def output_tokens(n: int) -> int:
     return max(n, 1)
 
 
+def fresh_blocks(input_length: int, block_size: int) -> int:
+    """How many fresh ids a prompt gets: none where it is refused (`check_request`
+    says why, in file order), rather than gigabytes of ids minted for a damaged count."""
+    if not 0 < input_length <= MAX_PROMPT_TOKENS:
+        return 0
+    return -(-input_length // block_size)
+
+
 class FreshIds:
     """Requests of unknown content for the token-count formats: every block of every
     prompt gets an id no other block has."""
@@ -103,14 +109,11 @@ class FreshIds:
                 parent_id: str | None = None, delay_s: float = 0.0) -> TraceRequest:
         """A main call (its own session unless ``session_id``), checked on its own:
         TraceError at ``where`` = (path, line) when malformed."""
-        if input_length > MAX_PROMPT_TOKENS:  # before minting ids for it
-            raise TraceError(*where, f"input_length {input_length} is past any prompt "
-                                     f"(at most 2**32 tokens)")
         req = TraceRequest(
             session_id=session_id or request_id, request_id=request_id, parent_id=parent_id,
             kind="main", delay_s=delay_s, input_length=input_length,
             output_length=output_tokens(output_length),
-            hash_ids=self._minter.take(-(-max(input_length, 0) // self.block_size)),
+            hash_ids=self._minter.take(fresh_blocks(input_length, self.block_size)),
             timestamp=timestamp)
         reason = check_request(req, self.block_size)
         if reason:
@@ -125,7 +128,7 @@ class FreshIds:
         minted in the same order -- or None, minting nothing, where one of them would
         be refused (the row reader then names it)."""
         if len(inputs) == 0 or (inputs <= 0).any() or (inputs > MAX_PROMPT_TOKENS).any() or \
-                (timestamps < 0).any() or \
+                (outputs > MAX_OUTPUT_TOKENS).any() or (timestamps < 0).any() or \
                 (delays is not None and (delays < 0).any()):
             return None
         ends = np.cumsum(-(-inputs // self.block_size))
