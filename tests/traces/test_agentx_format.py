@@ -122,3 +122,17 @@ def test_errors_name_the_object_and_entry(tmp_path, text, line, pattern):
     path.write_text(text)
     with pytest.raises(TraceError, match=rf"^{path}:{line}: .*{pattern}"):
         load_trace(path, format="agentx")
+
+
+def test_an_object_over_several_lines_is_detected_without_reading_it(monkeypatch, tmp_path):
+    """`--format auto` on an indented AgentX document: its loader reads it, once."""
+    from labkit.traces.formats import detect
+
+    def refuse(text):
+        raise AssertionError("detection parsed the whole document")
+
+    monkeypatch.setattr(detect, "loads", refuse)
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(json.loads((FIXTURES / "agentx.json").read_text()), indent=2))
+    assert load_trace(path).requests == load_trace(FIXTURES / "agentx.json",
+                                                   format="agentx").requests

@@ -33,8 +33,8 @@ def detect_format(path: str, formats: tuple[str, ...]) -> str:
     line_no, head = first_line(path)
     if head is None:
         return "labkit"  # empty: the labkit loader reports it
-    if head.startswith("["):
-        return "agentx"
+    if head.startswith("[") or head == "{":  # a list, or one object spread over lines
+        return "agentx"  # (not parsed here: its loader reads it once, and names damage)
     if head.startswith("{"):
         try:
             obj = json.loads(head)
