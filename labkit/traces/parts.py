@@ -31,11 +31,14 @@ from labkit.errors import ConfigError
 from labkit.traces.schema import Trace
 
 
-def select(trace: Trace, window: tuple[float, float] | None = None,
+def select(trace: Trace, window: tuple[float, float] | str | None = None,
            sample: float | None = None, speedup: float | None = None,
            seed: int = 0) -> Trace:
     """A new trace of the chosen sessions (see the module docstring); ``trace``
-    itself is left as it was. ConfigError for a bad knob or an empty selection."""
+    itself is left as it was. ``window`` also as text, ``"3600:7200"`` (``parse_window``).
+    ConfigError for a bad knob or an empty selection."""
+    if isinstance(window, str):
+        window = parse_window(window, "window")
     check_selection(window, sample, speedup)
     sessions = trace.sessions()
     if window is not None:
@@ -95,8 +98,9 @@ def selection_from_args(args) -> dict | None:
             "seed": args.sample_seed}
 
 
-def parse_window(text: str) -> tuple[float, float]:
-    """``"START:END"`` in seconds, either side may be empty (``"3600:"``, ``":600"``)."""
+def parse_window(text: str, name: str = "--window") -> tuple[float, float]:
+    """``"START:END"`` in seconds, either side may be empty (``"3600:"``, ``":600"``);
+    ``name``: how an error spells the knob."""
     start, sep, end = text.partition(":")
     try:
         if not sep:
@@ -104,9 +108,9 @@ def parse_window(text: str) -> tuple[float, float]:
         window = (float(start) if start.strip() else 0.0,
                   float(end) if end.strip() else math.inf)
     except ValueError:
-        raise ConfigError(f"--window {text!r}: give START:END in seconds of trace time, "
+        raise ConfigError(f"{name} {text!r}: give START:END in seconds of trace time, "
                           f"e.g. 3600:7200, 3600: or :600") from None
-    check_selection(window, None, None, FLAG_NAMES)
+    check_selection(window, None, None, (name, *FLAG_NAMES[1:]))
     return window
 
 

@@ -1,6 +1,7 @@
-"""The dashboard and compare tutorials in JupyterLab, pictured at 1280 and 1920 px.
+"""The dashboard and compare tutorials, and the open-loop trace replay experiment, in
+JupyterLab, pictured at 1280 and 1920 px.
 
-Each tutorial runs once in headless Chromium; the page is photographed at 1280 px,
+Each notebook runs once in headless Chromium; the page is photographed at 1280 px,
 then widened to 1920 px and photographed again (test-artifacts/<tutorial>-<width>.png).
 Every figure must be drawn (traces, a height), fill its cell and lie inside it:
 nothing cut off at either width (the figures follow the notebook as it widens).
@@ -10,13 +11,15 @@ import pytest
 
 from browser_support import open_notebook, plots, run_all, shoot
 
-TUTORIALS = {"09_workbench_dashboard": 5,  # placement, lockstep, KV, block tables, prefix
-             "11_compare_layouts": 7}  # one timeline, three layouts x (placement, blocks)
+NOTEBOOKS = {"tutorials/09_workbench_dashboard": 5,  # placement, lockstep, KV, blocks, prefix
+             "tutorials/11_compare_layouts": 7,  # one timeline, three layouts x (placement, blocks)
+             "experiments/trace_replay": 2}  # load over time, goodput and latency against load
 
 
-@pytest.mark.parametrize("tutorial", list(TUTORIALS))
-def test_tutorial_pictures(lab, browser, tutorial):
-    page = open_notebook(browser, lab, f"tutorials/{tutorial}.ipynb", width=1280, height=4400)
+@pytest.mark.parametrize("notebook", list(NOTEBOOKS))
+def test_tutorial_pictures(lab, browser, notebook):
+    tutorial = notebook.split("/")[-1]
+    page = open_notebook(browser, lab, f"{notebook}.ipynb", width=1280, height=4400)
     try:
         run_all(page)
         seen = {}
@@ -30,7 +33,7 @@ def test_tutorial_pictures(lab, browser, tutorial):
     finally:
         page.close()
     for width, figures in seen.items():
-        assert len(figures) == TUTORIALS[tutorial], [f["title"] for f in figures]
+        assert len(figures) == NOTEBOOKS[notebook], [f["title"] for f in figures]
         for f in figures:
             assert f["traces"] > 0 and f["height"] > 150, f
             assert f["cell_left"] - 1 <= f["left"] and f["right"] <= f["cell_right"] + 1, f

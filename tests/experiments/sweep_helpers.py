@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "notebooks" / "experiments"
 AGENTX_REPLAY = EXPERIMENTS / "agentx_replay.ipynb"
 COMPARE = EXPERIMENTS / "compare.ipynb"
+TRACE_REPLAY = EXPERIMENTS / "trace_replay.ipynb"
 
 
 def sweep(argv: list[str]) -> int:

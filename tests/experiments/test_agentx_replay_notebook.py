@@ -12,7 +12,7 @@ import pytest
 
 from labkit import Layout, write_trace
 from support import small_agentx
-from sweep_helpers import AGENTX_REPLAY
+from sweep_helpers import AGENTX_REPLAY, TRACE_REPLAY
 
 
 def test_replay_notebook_writes_three_consistent_files(tmp_path):
@@ -76,27 +76,35 @@ def test_replay_notebook_writes_three_consistent_files(tmp_path):
     assert figures == 3
 
 
-def test_notebook_and_cli_defaults_agree():
+@pytest.mark.parametrize(("notebook", "own", "expected"), [
+    (AGENTX_REPLAY, ("trace", "max_model_len"),
+     {"hardware", "warmup_s", "start_part_way", "max_idle_s", "loop_trace", "router",
+      "max_num_batched_tokens", "seed"}),
+    (TRACE_REPLAY, ("trace", "slo", "percentiles", "gpu_hour_usd"),
+     {"hardware", "router", "max_num_batched_tokens", "max_num_seqs", "seed", "on_oversize",
+      "window", "speedup"}),
+])
+def test_notebook_and_cli_defaults_agree(notebook, own, expected):
     """A parameter the notebook shares with `labkit replay` has the CLI's default. Not
-    compared: what the command line requires (concurrency, duration_s) and the trace the
-    notebook generates, with max_model_len to fit it."""
+    compared: what the command line requires (concurrency, duration_s), the trace the
+    notebook generates (agentx_replay: with max_model_len to fit it), and the service
+    levels trace_replay shows by default."""
     import ast
 
     from labkit.cli import build_parser
     from labkit.specs import EngineConfig
 
-    cell = next(c for c in nbformat.read(AGENTX_REPLAY, as_version=4).cells
+    cell = next(c for c in nbformat.read(notebook, as_version=4).cells
                 if "parameters" in c.metadata.get("tags", []))
     params = {node.targets[0].id: ast.literal_eval(node.value)
               for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
-              and node.targets[0].id not in ("trace", "max_model_len")}
+              and node.targets[0].id not in own}
     replay = build_parser()._subparsers._group_actions[0].choices["replay"]
     knobs = EngineConfig()
     cli = {a.dest: a.default if a.default is not None else getattr(knobs, a.dest, None)
            for a in replay._actions
            if not a.required and a.dest not in ("concurrency", "duration_s")}
     shared = set(params) & set(cli)
-    assert {"hardware", "warmup_s", "start_part_way", "max_idle_s", "loop_trace", "router",
-            "max_num_batched_tokens", "seed"} <= shared
+    assert expected <= shared
     for name in shared:
         assert params[name] == cli[name], f"{name}: notebook {params[name]!r}, CLI {cli[name]!r}"

@@ -54,6 +54,10 @@ def test_window_keeps_whole_sessions_that_start_in_it(window):
 def test_window_keeps_later_calls_past_its_end_and_prefix_reuse():
     trace = _sessions_trace()
     part = select(trace, window=(9.0, 11.0))  # session b only; b2 arrives at 35 - 9
+    assert select(trace, window="9:11").requests == part.requests  # as text too
+    assert select(trace, window="29:").requests == select(trace, window=(29, 1e9)).requests
+    with pytest.raises(ConfigError, match=r"window '9': give START:END"):
+        select(trace, window="9")
     assert [(r.request_id, r.timestamp) for r in part.requests] == [("b1", 1.0), ("b2", 26.0)]
     assert np.array_equal(part.request("b2").hash_ids, trace.request("b2").hash_ids)
     kept = [r for r in trace.requests if r.session_id == "b"]
