@@ -47,6 +47,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -156,10 +157,11 @@ class SweepPlan:
 
 
 def notebook_parameters(notebook: str | os.PathLike) -> dict[str, dict]:
-    """Parameters defined by the notebook's cell tagged ``parameters`` (papermill's
-    inspection): name -> {name, inferred_type_name, default, help}."""
+    """Parameters defined by the notebook's (first) cell tagged ``parameters``: name ->
+    {name, inferred_type_name, default, help}, as papermill's inspection gives them --
+    but read by Python's own parser: papermill's skips a line holding two ``=``, such
+    as ``slo = "ttft=2,tpot=0.05"``, and a sweep then refused ``-p slo``."""
     import nbformat
-    from papermill.inspection import inspect_notebook
 
     path = Path(notebook)
     if not path.is_file():
@@ -168,9 +170,31 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict[str, dict]:
         nb = nbformat.read(path, as_version=4)
     except Exception as err:  # nbformat raises several kinds
         raise SweepInputError(f"{notebook}: not a readable notebook ({err})") from None
-    if not any("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells):
+    cell = next((cell for cell in nb.cells
+                 if "parameters" in cell.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
         raise SweepInputError(f"{notebook}: no cell is tagged 'parameters'")
-    return inspect_notebook(str(path))
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError as err:
+        raise SweepInputError(f"{notebook}: its parameters cell is not Python "
+                              f"(line {err.lineno}: {err.msg})") from None
+    lines = cell.source.splitlines()
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, annotation = node.targets[0], None
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, annotation = node.target, node.annotation
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            rest = lines[node.end_lineno - 1][node.end_col_offset:]
+            found[target.id] = {
+                "name": target.id, "default": ast.get_source_segment(cell.source, node.value),
+                "inferred_type_name": ast.unparse(annotation) if annotation else "None",
+                "help": rest.split("#", 1)[1].strip() if "#" in rest else ""}
+    return found
 
 
 def check_value_types(name: str, values: list, parameter: dict) -> None:
@@ -282,6 +306,7 @@ def execute_run(notebook: str, run_dir: str, parameters: dict, cwd: str,
 
     start = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
+    _quiet_papermill_inspection()
     try:
         papermill.execute_notebook(
             notebook, os.path.join(run_dir, RUN_NOTEBOOK),
@@ -298,6 +323,24 @@ def execute_run(notebook: str, run_dir: str, parameters: dict, cwd: str,
                           f"{SUMMARY_FILE} into its {OUTPUT_PARAMETER}"), \
             time.perf_counter() - start
     return "ok", None, time.perf_counter() - start
+
+
+class _SweepCheckedParameters(logging.Filter):
+    """Papermill's reader of the parameters cell skips a line holding two ``=`` (``slo =
+    "ttft=2,tpot=0.05"``) and then calls the value it injects for it unknown; the sweep
+    checked every name with Python's parser (`notebook_parameters`) before any run, so
+    those two warnings say nothing true."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not message.startswith(("Unable to parse line", "Passed unknown parameter"))
+
+
+def _quiet_papermill_inspection() -> None:
+    for name in ("papermill", "papermill.translators"):  # (a filter is not inherited)
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _SweepCheckedParameters) for f in log.filters):
+            log.addFilter(_SweepCheckedParameters())
 
 
 def _first_line(text: str) -> str:

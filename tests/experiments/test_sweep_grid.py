@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from labkit import Layout
-from sweep_helpers import AGENTX_REPLAY, COMPARE, sweep, tree
+from sweep_helpers import AGENTX_REPLAY, COMPARE, sweep, tiny_notebook, tree
 
 GRID = [("layout", "tp1,tp2"), ("concurrency", "2,8")]
 FIXED = [("duration_s", "60"), ("num_sessions", "8")]
@@ -125,3 +125,18 @@ def test_an_impossible_layout_fails_alone(tmp_path, capsys):
     assert any(o.output_type == "error" for c in nb.cells if c.cell_type == "code"
                for o in c.outputs)
     assert {"requests.parquet", "steps.parquet", "summary.json"} <= set(tree(out / "00_layout=tp1"))
+
+
+def test_a_value_with_equals_signs_and_commas_is_one_parameter(tmp_path, capfd):
+    """`label = "a=1,b=2"` (an SLO string's shape) is a parameter though papermill's own
+    reader skips its line; the sweep runs it quietly, the value reaching the run whole."""
+    notebook = tiny_notebook(tmp_path / "tiny.ipynb",
+                             'x = 1\nlabel = "ttft=2,tpot=0.05"  # two =\noutput_dir = None')
+    out = tmp_path / "out"
+    assert sweep([notebook, "-p", "label", '"ttft=1,tpot=0.02"', "-p", "x", "1,4",
+                  "--out", out, "--no-progress"]) == 0
+    err = capfd.readouterr().err
+    assert "Unable to parse" not in err and "unknown parameter" not in err
+    results = pd.read_parquet(out / "results.parquet")
+    assert results["label"].tolist() == ["ttft=1,tpot=0.02"] * 2
+    assert results["summary.label"].tolist() == ["ttft=1,tpot=0.02"] * 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import nbformat
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -60,6 +62,36 @@ def test_agentx_replay_defines_the_documented_parameters():
         assert name in defined, name
     assert defined["trace"]["default"] == "None"
     assert defined["output_dir"]["default"] == "None"
+
+
+@pytest.mark.parametrize("notebook", ["plan.ipynb", "trace_replay.ipynb"])
+def test_every_assignment_of_the_parameters_cell_is_a_parameter(notebook, tmp_path):
+    """`slo = "ttft=3,tpot=0.03"` holds two `=`: papermill's own reader skips such a line,
+    and a sweep over -p slo was refused. Each name the cell assigns is one, with its
+    default and its comment; a value with commas is one value when quoted."""
+    import ast
+
+    path = AGENTX_REPLAY.parent / notebook
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if "parameters" in c.metadata.get("tags", []))
+    assigned = [n.targets[0].id for n in ast.parse(cell.source).body
+                if isinstance(n, ast.Assign)]
+    defined = notebook_parameters(path)
+    assert list(defined) == assigned and "slo" in defined
+    assert ast.literal_eval(defined["slo"]["default"]).startswith("ttft=")
+    if "output_dir" in defined:  # (plan.ipynb is not one to sweep)
+        plan = plan_sweep(path, parse_parameter_args([["slo", '"ttft=1,tpot=0.05"']]),
+                          tmp_path / "out")
+        assert plan.points == [{"slo": "ttft=1,tpot=0.05"}]
+
+
+def test_a_parameters_cell_that_is_not_python_is_named(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "x = 1\n%matplotlib inline\n", metadata={"tags": ["parameters"]})])
+    path = tmp_path / "magic.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(SweepInputError, match=r"parameters cell is not Python \(line 2"):
+        notebook_parameters(path)
 
 
 # ----------------------------------------------------------------------- results
