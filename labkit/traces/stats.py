@@ -124,5 +124,8 @@ def trace_stats(trace: Trace) -> dict:
         "delay_s_median": float(np.median(gaps)) if len(gaps) else 0.0,
         "delay_s_p90": _percentile(gaps, 90),
         "duration_s": (max(stamps) - min(stamps)) if stamps else None,
+        # arrivals per second over their span: what an open-loop replay offers
+        "request_rate": (len(stamps) - 1) / (max(stamps) - min(stamps))
+        if len(stamps) > 1 and max(stamps) > min(stamps) else None,
         "max_hash_id": trace.max_hash_id,
     }

@@ -33,6 +33,7 @@ def test_counts_and_reuse():
     assert stats["subagents_per_spawning_session_mean"] == 2.0  # a0 and b0
     assert stats["subagents"] == 2
     assert stats["duration_s"] == 2.0
+    assert stats["request_rate"] == (2 - 1) / 2.0   # two timestamped calls over 2 s
     assert stats["total_input_tokens"] == sum(r.input_length for r in requests)
     assert stats["block_size"] == 4 and stats["format"] == "labkit"
     assert stats["prefix_reuse"] == naive_prefix_reuse(requests, 4)
@@ -73,3 +74,11 @@ def test_reuse_with_ids_too_sparse_for_a_table():
     reuse = trace_stats(trace)["prefix_reuse"]
     assert reuse == pytest.approx(naive_prefix_reuse(requests, base.block_size), rel=1e-12)
     assert reuse == trace_stats(base)["prefix_reuse"] > 0.5
+
+
+def test_request_rate_is_none_without_a_span():
+    one = Trace(4, [req("a", 4, [1], timestamp=5.0)])
+    closed = Trace(4, [req("a", 4, [1]), req("b", 4, [2], session="t")])
+    assert trace_stats(one)["request_rate"] is None
+    assert trace_stats(closed)["request_rate"] is None and \
+        trace_stats(closed)["duration_s"] is None
