@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from labkit.errors import ConfigError
+from labkit.traces.collector import collector_paused
 from labkit.traces.schema import Trace
 
 
@@ -53,8 +54,9 @@ def select(trace: Trace, window: tuple[float, float] | str | None = None,
         raise ConfigError("speedup scales arrival times, and this trace has none (closed-loop "
                           "sessions arrive as others finish: raise the concurrency instead)")
     kept = {id(r) for s in sessions for r in s}
-    requests = [_moved(r, shift, rate) for r in trace.requests if id(r) in kept]
-    return Trace(trace.block_size, requests, source=trace.source, format=trace.format)
+    with collector_paused():  # (a copy of each kept call, no cycles: `collector.py`)
+        requests = [_moved(r, shift, rate) for r in trace.requests if id(r) in kept]
+        return Trace(trace.block_size, requests, source=trace.source, format=trace.format)
 
 
 PYTHON_NAMES = ("window", "sample", "speedup")

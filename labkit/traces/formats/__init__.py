@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from labkit.traces.collector import collector_paused
 from labkit.traces.formats.agentx_json import load_agentx
 from labkit.traces.formats.azure import load_azure
 from labkit.traces.formats.bailian import load_bailian
@@ -42,6 +43,7 @@ def load(path: str | os.PathLike, format: str = "auto") -> Trace:
     path = os.fspath(path)
     if format not in ("auto", *FORMATS):
         raise ValueError(f"format must be one of auto, {', '.join(FORMATS)}; got {format!r}")
-    if format == "auto":
-        format = detect_format(path, FORMATS)
-    return LOADERS[format](path)
+    with collector_paused():  # (objects by the million, no cycles: `collector.py`)
+        if format == "auto":
+            format = detect_format(path, FORMATS)
+        return LOADERS[format](path)
