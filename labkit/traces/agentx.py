@@ -84,7 +84,7 @@ def generate_agentx_trace(num_sessions: int, seed: int = 0, block_size: int = 64
     ``knobs`` override ``AgentXParams`` fields (documented there); an unknown
     knob raises TypeError. Deterministic in (num_sessions, seed, block_size, knobs).
     """
-    checks.integer("num_sessions", num_sessions, low=1)
+    checks.integer("num_sessions", num_sessions, low=1, high=10**6)
     checks.integer("block_size", block_size, low=1)
     p = AgentXParams(**knobs)
     rng = np.random.default_rng(seed)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 
 from labkit import checks
 from labkit.errors import ConfigError
+from labkit.traces.validate import MAX_PROMPT_TOKENS
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,14 +97,14 @@ class AgentXParams:
             name, value = f.name, getattr(self, f.name)
             if name.endswith(("_prob", "_share")):
                 checks.number(name, value, low=0.0, high=1.0)
-            elif name.endswith("_sigma"):
-                checks.number(name, value, low=0.0)
+            elif name.endswith("_sigma"):  # (past 10, a draw is 0 or e**100 times the median)
+                checks.number(name, value, low=0.0, high=10.0)
             elif name.endswith(("_median", "_median_s", "_mean")) or name == "explore_turns":
-                checks.number(name, value, low=0.0, low_open=True)
+                checks.number(name, value, low=0.0, low_open=True, high=MAX_PROMPT_TOKENS)
             elif name.endswith("_max"):
-                checks.number(name, value, low=1)
-            else:  # token counts, delays
-                checks.number(name, value, low=0)
+                checks.number(name, value, low=1, high=MAX_PROMPT_TOKENS)
+            else:  # token counts, delays (a prompt's worth of tokens at most)
+                checks.number(name, value, low=0, high=MAX_PROMPT_TOKENS)
         if self.subagents_per_spawning_mean < 1.0:
             raise ConfigError("subagents_per_spawning_mean must be >= 1")
         if self.parallel_subagents_mean < 1.0:

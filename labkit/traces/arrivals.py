@@ -40,6 +40,8 @@ def arrival_times(n: int, request_rate: float, burstiness: float,
     else:
         gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     times = np.cumsum(gaps)
+    if not times[-1] > 0:  # gaps below the smallest float: all at once, as rate = inf
+        return np.zeros(n)
     return times * (n / request_rate / times[-1])
 
 

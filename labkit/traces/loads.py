@@ -26,13 +26,16 @@ a conversation's history -- is exactly what their ids share.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.arrivals import arrival_times, uniform_lengths
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter, TokenStream
+from labkit.traces.validate import MAX_PROMPT_TOKENS
 
 LOAD_KINDS = ("random", "shared-prefix", "multi-turn")
 
@@ -44,8 +47,8 @@ def generate_random_trace(num_prompts: int = 1000, input_len: int = 1024,
                           block_size: int = 64) -> Trace:
     """vLLM's random dataset: independent requests around fixed lengths."""
     knobs = dict(locals())
-    _check_counts(num_prompts=num_prompts, prefix_len=(prefix_len, 0),
-                  block_size=(block_size, 1))
+    _check_knobs(knobs, calls=num_prompts, tokens=lambda: num_prompts * (
+        prefix_len + input_len * (1 + range_ratio)))
     rng = np.random.default_rng(seed)
     inputs = uniform_lengths(input_len, range_ratio, num_prompts, rng, name="input_len")
     outputs = uniform_lengths(output_len, range_ratio, num_prompts, rng, minimum=1,
@@ -69,8 +72,9 @@ def generate_shared_prefix_trace(num_groups: int = 64, prompts_per_group: int = 
                                  seed: int = 0, block_size: int = 64) -> Trace:
     """Groups of prompts sharing a system prompt, shuffled (inference-perf)."""
     knobs = dict(locals())
-    _check_counts(num_groups=num_groups, prompts_per_group=prompts_per_group,
-                  system_prompt_len=(system_prompt_len, 0), block_size=(block_size, 1))
+    _check_knobs(knobs, calls=lambda: num_groups * prompts_per_group,
+                 tokens=lambda: num_groups * prompts_per_group * (
+                     system_prompt_len + question_len * (1 + range_ratio)))
     n = num_groups * prompts_per_group
     rng = np.random.default_rng(seed)
     questions = uniform_lengths(question_len, range_ratio, n, rng,
@@ -98,10 +102,10 @@ def generate_multi_turn_trace(num_sessions: int = 100, turns: int = 5,
                               block_size: int = 64) -> Trace:
     """Chat sessions whose every turn re-sends the conversation so far."""
     knobs = dict(locals())
-    _check_counts(num_sessions=num_sessions, system_prompt_len=(system_prompt_len, 0),
-                  block_size=(block_size, 1))
-    if not (math.isfinite(think_time_s) and think_time_s >= 0):
-        raise ConfigError(f"think_time_s={think_time_s} must be a finite number >= 0")
+    most = lambda: math.ceil(turns * (1 + range_ratio))  # noqa: E731 - turns a session may have
+    _check_knobs(knobs, calls=lambda: num_sessions * most(), tokens=lambda: num_sessions * (
+        most() * system_prompt_len
+        + most() * (most() + 1) / 2 * (input_len + output_len) * (1 + range_ratio)))
     rng = np.random.default_rng(seed)
     turn_counts = uniform_lengths(turns, range_ratio, num_sessions, rng, minimum=1,
                                   name="turns")
@@ -137,12 +141,47 @@ def _single(rid: str, stream: TokenStream, new_tokens: int, output: int,
                         stream.prompt_ids(), timestamp=float(stamp))
 
 
-def _check_counts(**counts) -> None:
-    """Each value is a count that must be >= 1, or (value, minimum)."""
-    for name, value in counts.items():
-        value, minimum = value if isinstance(value, tuple) else (value, 1)
-        if not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+COUNTS = ("num_prompts", "num_groups", "prompts_per_group", "num_sessions", "turns")
+LENGTHS = ("input_len", "output_len", "prefix_len", "system_prompt_len", "question_len")
+# A bigger load than this is a file to write once, not a draw to make in memory.
+MAX_LOAD_CALLS = 10**7
+MAX_LOAD_IDS = 2**30  # 8 GiB of block ids
+
+
+def _check_knobs(knobs: dict, calls, tokens) -> None:
+    """Every knob of a generator, typed and bounded, before anything is drawn: a
+    ConfigError naming the first bad one (lengths also meet `uniform_lengths`' own
+    minimums). Then the load's size from the knobs: `calls`, how many requests it may
+    hold, and `tokens`, how many prompt tokens all of them may hold (block ids: each
+    prompt's own, a conversation's history again in every turn), ints or callables."""
+    for name, value in knobs.items():
+        if name in COUNTS or name in LENGTHS or name in ("block_size", "seed"):
+            low = 1 if name in COUNTS or name == "block_size" else 0
+            high = MAX_LOAD_CALLS if name in COUNTS else None if name == "seed" \
+                else MAX_PROMPT_TOKENS
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low or (high is not None and value > high):
+                raise ConfigError(f"{name}={value!r} must be an integer >= {low}"
+                                  + (f" and <= {high:,}" if high is not None else ""))
+        elif name in ("request_rate", "burstiness"):  # inf allowed: all at once, even gaps
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not value > 0:
+                raise ConfigError(f"{name}={value!r} must be a number > 0 (inf allowed)")
+        elif name == "range_ratio":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not 0.0 <= value < 1.0:
+                raise ConfigError(f"range_ratio={value!r} must be in [0, 1)")
+        elif name == "think_time_s":
+            checks.number(name, value, low=0.0)
+    calls = calls() if callable(calls) else calls
+    if calls > MAX_LOAD_CALLS:
+        raise ConfigError(f"this load holds up to {calls:,} calls; at most "
+                          f"{MAX_LOAD_CALLS:,} are drawn at once")
+    ids = tokens() / knobs["block_size"]
+    if ids > MAX_LOAD_IDS:
+        raise ConfigError(f"this load's prompts hold up to {ids:,.0f} block ids "
+                          f"({ids * 8 / 2**30:,.0f} GiB); at most {MAX_LOAD_IDS:,} are drawn "
+                          f"at once: fewer or shorter calls, or a larger block_size")
 
 
 def _source(kind: str, knobs: dict) -> str:

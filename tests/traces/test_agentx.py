@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from trace_helpers import naive_prefix_reuse
 
+from labkit.errors import ConfigError
 from labkit.traces import AgentXParams, generate_agentx_trace, load_trace, schema, trace_stats
 
 # SemiAnalysis AgentX (Claude Code traces), see DESIGN.md section 1.
@@ -192,3 +193,16 @@ def test_shipped_small_trace_matches_its_recipe():
             assert a.timestamp == pytest.approx(b.timestamp, rel=1e-12)
         assert replace(a, delay_s=0.0, timestamp=None) == replace(b, delay_s=0.0,
                                                                   timestamp=None)
+
+
+@pytest.mark.parametrize(("knobs", "pattern"), [
+    (dict(shared_prefix_tokens=1e300), r"shared_prefix_tokens=1e\+300 must be <= 134217728"),
+    (dict(output_median="x"), r"output_median='x' must be a number"),
+    (dict(output_sigma=64.0), r"output_sigma=64.0 must be <= 10.0"),  # (exp overflowed)
+])
+def test_knobs_past_any_prompt_are_named(knobs, pattern):
+    """(1e300 shared tokens were a ValueError from numpy, minting the ids.)"""
+    with pytest.raises(ConfigError, match=pattern):
+        generate_agentx_trace(1, **knobs)
+    with pytest.raises(ConfigError, match=r"num_sessions=10,000,000 must be <= 1,000,000"):
+        generate_agentx_trace(10**7)

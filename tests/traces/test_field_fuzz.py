@@ -1,12 +1,15 @@
 """Hostile field values in every JSON trace format are refused with a TraceError, or
-loaded and described — never another exception, a gigabyte allocation or a hang.
+loaded and described — never another exception, a gigabyte allocation or a hang. The
+same for the knobs of the trace generators (ConfigError).
 
 A fixed-seed fuzzer: a field of a valid file (labkit, Mooncake, Bailian, AgentX; any
 depth, list items too) gets a value from a hostile list (huge and negative integers,
 floats, strings, null, booleans, lists, objects), then the file is loaded (its format
 named or detected) and `trace_stats` run. It found two bugs (session 32): a damaged
 token count in a call without hash_ids had ids minted for it (MemoryError, AgentX and
-Bailian), and a Bailian chat that is its own parent raised KeyError.
+Bailian), and a Bailian chat that is its own parent raised KeyError. On the
+generators: TypeErrors for knobs of the wrong type, and MemoryErrors for sizes no
+memory holds (1e12 prompts, a 1e300-token shared prefix).
 """
 from __future__ import annotations
 
@@ -96,3 +99,36 @@ def test_hostile_field_values_are_trace_errors(tmp_path, bounded_memory):
         except (TraceError, ConfigError):
             refused += 1
     assert loaded > 50 and refused > 50
+
+
+def test_hostile_generator_knobs_are_config_errors(bounded_memory):
+    import dataclasses
+    import inspect
+
+    from labkit.traces import (
+        AgentXParams, generate_agentx_trace, generate_multi_turn_trace, generate_random_trace,
+        generate_shared_prefix_trace)
+
+    values = [0, -1, 1, 2, 3, 64, 10**12, 0.5, -0.5, 1e300, float("nan"), float("inf"),
+              True, "x", None]
+    agentx = [f.name for f in dataclasses.fields(AgentXParams)]
+    small = {generate_random_trace: {"num_prompts": 5},
+             generate_shared_prefix_trace: {"num_groups": 2, "prompts_per_group": 2},
+             generate_multi_turn_trace: {"num_sessions": 3}}
+    rng = random.Random(7)
+    made = refused = 0
+    for _ in range(400):
+        if rng.random() < 0.4:
+            make, names, knobs = generate_agentx_trace, agentx, {}
+            args = (rng.choice([1, 2]),)
+        else:
+            make = rng.choice(list(small))
+            names = [p for p in inspect.signature(make).parameters if p != "seed"]
+            knobs, args = dict(small[make]), ()
+        knobs.update({k: rng.choice(values) for k in rng.sample(names, rng.randint(1, 3))})
+        try:
+            trace_stats(make(*args, **knobs))
+            made += 1
+        except (ConfigError, TraceError):
+            refused += 1
+    assert made > 30 and refused > 200

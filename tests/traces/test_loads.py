@@ -46,6 +46,11 @@ def test_poisson_arrivals_are_exponential_and_counts_poisson():
     assert dispersion == pytest.approx(1.0, abs=4 * math.sqrt(2 / len(counts)))
 
 
+def test_gaps_below_the_smallest_float_are_all_at_once():
+    rng = np.random.default_rng(0)
+    assert np.array_equal(arrival_times(5, 1e300, 1e300, rng), np.zeros(5))  # (was NaN)
+
+
 def test_arrival_limits_and_seeds():
     assert np.array_equal(arrival_times(4, math.inf, 1.0, np.random.default_rng(0)),
                           np.zeros(4))
@@ -158,6 +163,21 @@ def test_multi_turn_distributions():
     (generate_shared_prefix_trace, dict(question_len=-1), r"question_len=-1 must be"),
     (generate_multi_turn_trace, dict(think_time_s=-1.0), r"think_time_s=-1.0"),
     (generate_multi_turn_trace, dict(burstiness=0.0, request_rate=1.0), r"burstiness=0.0"),
+    # wrong types and sizes (were TypeErrors and MemoryErrors from the Python API)
+    (generate_random_trace, dict(burstiness="x"), r"burstiness='x' must be a number > 0"),
+    (generate_random_trace, dict(range_ratio=None), r"range_ratio=None must be in \[0, 1\)"),
+    (generate_multi_turn_trace, dict(think_time_s="x"), r"think_time_s='x' must be a number"),
+    (generate_random_trace, dict(input_len=2.5), r"input_len=2.5 must be an integer >= 0"),
+    (generate_random_trace, dict(seed=-1), r"seed=-1 must be an integer >= 0"),
+    (generate_random_trace, dict(num_prompts=True), r"num_prompts=True must be an integer"),
+    (generate_random_trace, dict(prefix_len=10**12), r"prefix_len=1000000000000 must be an "
+                                                     r"integer >= 0 and <= 134,217,728"),
+    (generate_shared_prefix_trace, dict(num_groups=10**4, prompts_per_group=10**4),
+     r"this load holds up to 100,000,000 calls; at most 10,000,000"),
+    (generate_random_trace, dict(num_prompts=10**6, input_len=10**6),
+     r"this load's prompts hold up to 15,625,000,000 block ids \(116 GiB\)"),
+    (generate_multi_turn_trace, dict(num_sessions=1000, turns=500, input_len=5000),
+     r"block ids"),  # each turn re-sends the conversation: quadratic in turns
 ])
 def test_bad_knobs_are_named(make, knobs, pattern):
     with pytest.raises(ConfigError, match=pattern):
