@@ -42,7 +42,10 @@ MIN_CALLS = 20  # warn when fewer calls than this were measured
 
 def run_health(requests: pd.DataFrame, summary: dict, *, warmup_s: float, end_s: float,
                closed_loop: bool, start_part_way: bool = False) -> dict:
-    """Health fields and warnings of one run (see the module docstring)."""
+    """Health fields and warnings of one run (see the module docstring). Skipped calls
+    (a skip-mode run's rows with `skipped` True) were never queued nor cut off: left out."""
+    if "skipped" in requests:
+        requests = requests[~requests["skipped"].astype(bool)]
     window = requests[requests["arrival_s"] >= warmup_s] if len(requests) else requests
     done = window["completed"].astype(bool) if len(window) else pd.Series(dtype=bool)
     unfinished = int((~done).sum())

@@ -81,6 +81,11 @@ def test_skip_in_an_open_loop_drops_only_the_oversized_call():
     req = result.requests.set_index("request_id")
     assert sorted(req.index[req["skipped"]]) == ["b", "d"]   # d waits for b: gone too
     assert req.loc["c", "arrival_s"] == 2.0 and req.loc["c", "completed"]
+    # every served call finished: none was queued or cut off (the skipped two were
+    # counted as both, and could set off an overload warning)
+    s = result.summary
+    assert (s["queued_at_end"], s["unfinished_share"], s["queue_wait_max_s"]) == (0, 0.0, 0.0)
+    assert not any("overload" in w or "finish" in w for w in s["warnings"])  # few calls: yes
 
 
 def test_a_looped_closed_loop_passes_sessions_that_start_too_long():
