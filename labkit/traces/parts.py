@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import numpy as np
 
+from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.collector import collector_paused
 from labkit.traces.schema import Trace
@@ -41,6 +43,7 @@ def select(trace: Trace, window: tuple[float, float] | str | None = None,
     if isinstance(window, str):
         window = parse_window(window, "window")
     check_selection(window, sample, speedup)
+    checks.integer("seed", seed, low=0)
     sessions = trace.sessions()
     if window is not None:
         sessions = _in_window(sessions, *window)
@@ -67,14 +70,28 @@ def check_selection(window, sample, speedup, names=PYTHON_NAMES) -> None:
     """ConfigError naming the first bad knob (as ``names`` spell them), before
     anything is read."""
     if window is not None:
-        start, end = window
-        if not (math.isfinite(start) and start >= 0 and end > start):
-            raise ConfigError(f"{names[0]} [{start:g}, {end:g}): needs 0 <= start < end "
-                              f"seconds of trace time")
-    if sample is not None and not (0 < sample <= 1):
-        raise ConfigError(f"{names[1]} {sample:g}: a fraction of the sessions, in (0, 1]")
-    if speedup is not None and not (math.isfinite(speedup) and speedup > 0):
-        raise ConfigError(f"{names[2]} {speedup:g}: a ratio > 0 (2 = twice the request rate)")
+        pair = tuple(window) if isinstance(window, (tuple, list)) else ()
+        if len(pair) != 2 or not all(_real(x) for x in pair) or not (
+                math.isfinite(pair[0]) and 0 <= pair[0] < pair[1]):
+            raise ConfigError(f"{names[0]} {_spelt(window)}: needs (start, end) with 0 <= "
+                              f"start < end seconds of trace time")
+    if sample is not None and not (_real(sample) and 0 < sample <= 1):
+        raise ConfigError(f"{names[1]} {_spelt(sample)}: a fraction of the sessions, in "
+                          f"(0, 1]")
+    if speedup is not None and not (_real(speedup) and math.isfinite(speedup) and speedup > 0):
+        raise ConfigError(f"{names[2]} {_spelt(speedup)}: a ratio > 0 (2 = twice the "
+                          f"request rate)")
+
+
+def _real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def _spelt(value) -> str:
+    """A knob's value in a message: numbers as %g, a window as [start, end)."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_real, value)):
+        return f"[{value[0]:g}, {value[1]:g})"
+    return f"{value:g}" if _real(value) else repr(value)
 
 
 def add_select_flags(parser) -> None:

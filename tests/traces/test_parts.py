@@ -111,12 +111,18 @@ def test_cuts_compose_window_then_sample_then_speedup():
 @pytest.mark.parametrize(("knobs", "pattern"), [
     (dict(window=(40.0, 50.0)), r"window \[40, 50\) s holds no session: this trace's 4 "
                                 r"sessions start between 2 and 30 s"),
-    (dict(window=(5.0, 5.0)), r"needs 0 <= start < end"),
-    (dict(window=(-1.0, 5.0)), r"needs 0 <= start < end"),
+    (dict(window=(5.0, 5.0)), r"window \[5, 5\): needs \(start, end\) with 0 <= start < end"),
+    (dict(window=(-1.0, 5.0)), r"window \[-1, 5\): needs \(start, end\) with 0 <= start"),
     (dict(sample=0.0), r"sample 0: a fraction of the sessions, in \(0, 1\]"),
     (dict(sample=1.5), r"sample 1.5"),
     (dict(speedup=0.0), r"speedup 0: a ratio > 0"),
     (dict(speedup=float("inf")), r"speedup inf"),
+    # from Python, any type: a ConfigError, not a TypeError
+    (dict(sample="0.1"), r"sample '0.1': a fraction"),
+    (dict(speedup=None, sample=float("nan")), r"sample nan: a fraction"),
+    (dict(window=(1.0, 2.0, 3.0)), r"window \(1.0, 2.0, 3.0\): needs \(start, end\)"),
+    (dict(window=("a", 3)), r"window \('a', 3\): needs"),
+    (dict(seed=-1), r"seed=-1 must be >= 0"),
 ])
 def test_bad_selections_are_named(knobs, pattern):
     with pytest.raises(ConfigError, match=pattern):
