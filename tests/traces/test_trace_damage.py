@@ -106,6 +106,55 @@ def test_a_damaged_trace_is_a_trace_error_naming_the_file(tmp_path, case, fmt):
         assert err.value.line == line
 
 
+CSV_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+CSV_ROWS = "".join(f"{t},ChatGPT,{100 + t},5,{105 + t},Conversation log\n" for t in range(300))
+
+
+def csv_latin1(path):
+    rows = CSV_ROWS.splitlines(keepends=True)
+    rows[1] = rows[1].replace("ChatGPT", "Chat\u00e9GPT")
+    path.write_bytes((CSV_HEADER + "".join(rows)).encode("latin-1"))
+    return 3
+
+
+def csv_truncated_gzip(path):
+    data = gzip.compress((CSV_HEADER + CSV_ROWS).encode())
+    path.write_bytes(data[: len(data) // 2])
+    return None
+
+
+def csv_corrupt_gzip(path):
+    data = bytearray(gzip.compress((CSV_HEADER + CSV_ROWS).encode()))
+    for i in range(40, 80):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return None
+
+
+def csv_huge_cell(path):
+    path.write_text(CSV_HEADER + '1,"' + "x" * 200_000 + '",5,5,10,Conversation log\n')
+    return 2
+
+
+CSV_CASES = {"latin-1": ("t.csv", csv_latin1), "truncated gzip": ("t.csv.gz", csv_truncated_gzip),
+             "corrupt gzip": ("t.csv.gz", csv_corrupt_gzip),
+             "a cell past the csv limit": ("t.csv", csv_huge_cell)}
+
+
+@pytest.mark.parametrize("case", list(CSV_CASES))
+@pytest.mark.parametrize("fmt", ["auto", "burstgpt"])
+def test_a_damaged_csv_is_a_trace_error_naming_the_file(tmp_path, case, fmt):
+    """(Each was a raw zlib.error, EOFError, UnicodeDecodeError or csv.Error.)"""
+    name, write = CSV_CASES[case]
+    path = tmp_path / name
+    line = write(path)
+    with pytest.raises(TraceError) as err:
+        load_trace(path, format=fmt)
+    assert err.value.path == str(path)
+    if line is not None and fmt == "burstgpt":  # (auto reads line 1 before the loader)
+        assert err.value.line == line
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_trace_stats_on_a_damaged_trace_exits_2_with_one_line(tmp_path, capsys, case):
     name, write = CASES[case]

@@ -21,11 +21,12 @@ and prefilled it, and an engine cannot schedule a request that generates nothing
 from __future__ import annotations
 
 import csv
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
 
-from labkit.traces.jsonl import open_text
+from labkit.traces.jsonl import open_text, read_lines
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
 from labkit.traces.validate import (
@@ -40,28 +41,44 @@ def csv_rows(path: str, required: tuple[str, ...], format_name: str
              ) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield ``(line, row)`` for each non-blank data row of a CSV file with a header.
 
-    Raises TraceError on line 1 when a required column is missing, and on a row
-    with more or fewer cells than the header.
+    Raises TraceError on line 1 when a required column is missing, on a row with
+    more or fewer cells than the header, and on the line where the file is damaged (a
+    corrupt or truncated gzip file, bytes that are not UTF-8, a cell past the csv
+    module's size limit).
     """
     with open_text(path) as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(path, 1, "empty trace: no header line")
-        columns = [c.strip() for c in header]
-        missing = [c for c in required if c not in columns]
-        if missing:
-            raise TraceError(path, 1, f"{format_name} CSV needs column(s) "
-                                      f"{', '.join(map(repr, missing))}; the header has "
-                                      f"{', '.join(map(repr, columns))}")
-        for cells in reader:
-            line = reader.line_num
-            if not any(c.strip() for c in cells):
-                continue
-            if len(cells) != len(columns):
-                raise TraceError(path, line, f"{len(cells)} cells, but the header has "
-                                             f"{len(columns)} columns")
-            yield line, dict(zip(columns, (c.strip() for c in cells), strict=True))
+        try:
+            yield from _rows(reader, required, format_name, path)
+        except csv.Error as e:  # (the line being parsed)
+            raise TraceError(path, max(reader.line_num, 1), f"unreadable CSV ({e})") from None
+        except UnicodeDecodeError:  # (text is decoded a buffer at a time: find the line)
+            for _ in read_lines(path):
+                pass
+            raise
+        except (OSError, EOFError, zlib.error) as e:  # gzip: truncated, corrupt, not gzip
+            raise TraceError(path, reader.line_num + 1, f"damaged gzip file ({e})") from None
+
+
+def _rows(reader, required: tuple[str, ...], format_name: str, path: str):
+    """`csv_rows` of an open reader."""
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(path, 1, "empty trace: no header line")
+    columns = [c.strip() for c in header]
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise TraceError(path, 1, f"{format_name} CSV needs column(s) "
+                                  f"{', '.join(map(repr, missing))}; the header has "
+                                  f"{', '.join(map(repr, columns))}")
+    for cells in reader:
+        line = reader.line_num
+        if not any(c.strip() for c in cells):
+            continue
+        if len(cells) != len(columns):
+            raise TraceError(path, line, f"{len(cells)} cells, but the header has "
+                                         f"{len(columns)} columns")
+        yield line, dict(zip(columns, (c.strip() for c in cells), strict=True))
 
 
 def float_cell(row: dict[str, str], column: str, path: str, line: int,
