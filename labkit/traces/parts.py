@@ -104,7 +104,8 @@ def add_select_flags(parser) -> None:
                        help="this fraction of the sessions, drawn at random")
     group.add_argument("--speedup", type=float, metavar="RATIO",
                        help="arrival times divided by RATIO (2: twice the request rate)")
-    group.add_argument("--sample-seed", type=int, default=0, help="seed of --sample-sessions")
+    group.add_argument("--sample-seed", type=int, default=0, metavar="N",
+                       help="seed of --sample-sessions (default 0)")
 
 
 def selection_from_args(args) -> dict | None:
