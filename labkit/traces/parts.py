@@ -155,9 +155,10 @@ def _moved(req, shift: float, rate: float):
 
 
 def load_selected(path, args) -> Trace:
-    """``load_trace(path, args.format)`` cut as the flags say (they are checked first)."""
-    from labkit.traces.io import load_trace
+    """``load_trace(path, args.format)`` cut as the flags say (they are checked first;
+    a CSV loader leaves out what the window will, `formats.load`)."""
+    from labkit.traces.formats import load
 
     knobs = selection_from_args(args)
-    trace = load_trace(path, format=args.format)
+    trace = load(path, args.format, window=knobs["window"] if knobs else None)
     return trace if knobs is None else select(trace, **knobs)

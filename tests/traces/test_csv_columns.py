@@ -119,6 +119,9 @@ def _random_file(rng: random.Random, fmt: str) -> str:
 
 @pytest.mark.parametrize("fmt", sorted(MODULES))
 def test_random_files_give_the_same_trace_or_error_both_ways(monkeypatch, tmp_path, fmt):
+    from labkit.traces.formats import csv_columns
+
+    monkeypatch.setattr(csv_columns, "CHUNK_ROWS", 2)  # rows cut into cells 2 at a time
     rng = random.Random(20261206)
     path = tmp_path / "trace.csv"
     loaded = refused = 0
@@ -129,3 +132,45 @@ def test_random_files_give_the_same_trace_or_error_both_ways(monkeypatch, tmp_pa
         loaded += columns_loaded
         refused += isinstance(by_rows, str)
     assert loaded > 40 and refused > 40   # both kinds of file were met, often
+
+
+def _cut(path, fmt, window, early: bool):
+    """select(..., window) of the file loaded whole, or with the loader told the window."""
+    from labkit.traces import select
+    from labkit.traces.formats import load
+
+    try:
+        trace = select(load(path, fmt, window=window if early else None), window=window)
+        return trace.requests, trace.max_hash_id
+    except (TraceError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def test_a_window_told_to_the_loader_cuts_the_same_part(tmp_path):
+    """The CSV loaders leave out what a window will (`csv_columns.in_window`); the part
+    is the same, block ids included, as cutting the whole file — and less was built."""
+    from labkit.traces.formats import load
+
+    rng = random.Random(11)
+    path = tmp_path / "trace.csv"
+    left_out = 0
+    for fmt in sorted(MODULES):
+        for _ in range(150):
+            path.write_bytes(_random_file(rng, fmt).encode())
+            start = rng.choice([0.0, 0.5, 1.0, 2.0])
+            window = (start, start + rng.choice([0.4, 1.0, 3.0]))
+            assert _cut(path, fmt, window, True) == _cut(path, fmt, window, False), \
+                path.read_text()
+            try:
+                left_out += len(load(path, fmt, window=window)) < len(load(path, fmt))
+            except (TraceError, ValueError):
+                pass
+    assert left_out > 50
+    # a session (BurstGPT's Session ID) is kept whole: its later calls too
+    sessions = tmp_path / "s.csv"
+    sessions.write_text("Timestamp,Model,Request tokens,Response tokens,Session ID\n"
+                        "1,x,100,5,a\n2,x,100,5,\n30,x,200,5,a\n40,x,100,5,b\n")
+    kept = load(sessions, "burstgpt", window=(0.5, 1.5))
+    assert [r.request_id for r in kept.requests] == ["bg-2", "bg-4"]
+    assert _cut(sessions, "burstgpt", (0.5, 1.5), True) == \
+        _cut(sessions, "burstgpt", (0.5, 1.5), False)

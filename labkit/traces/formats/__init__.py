@@ -36,14 +36,21 @@ LOADERS = {"labkit": load_labkit, "mooncake": load_mooncake, "bailian": load_bai
            "azure": load_azure, "agentx": load_agentx, "burstgpt": load_burstgpt,
            "splitwise": load_splitwise}
 FORMATS = tuple(LOADERS)
+WINDOWED = ("azure", "burstgpt", "splitwise")  # loaders that take `window`
 
 
-def load(path: str | os.PathLike, format: str = "auto") -> Trace:
-    """Read a trace file in ``format`` ("auto": from its first line)."""
+def load(path: str | os.PathLike, format: str = "auto",
+         window: tuple[float, float] | None = None) -> Trace:
+    """Read a trace file in ``format`` ("auto": from its first line). ``window``: the
+    caller will keep only the sessions starting in it (``parts.select``), so a loader
+    may leave the others out (the CSV formats do, where read a column at a time: an
+    hour of a months-long file without a request object for every row)."""
     path = os.fspath(path)
     if format not in ("auto", *FORMATS):
         raise ValueError(f"format must be one of auto, {', '.join(FORMATS)}; got {format!r}")
     with collector_paused():  # (objects by the million, no cycles: `collector.py`)
         if format == "auto":
             format = detect_format(path, FORMATS)
+        if window is not None and format in WINDOWED:
+            return LOADERS[format](path, window=window)
         return LOADERS[format](path)

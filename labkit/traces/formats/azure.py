@@ -40,10 +40,11 @@ def _when(text: str, path: str, line: int) -> datetime:
     return when
 
 
-def load_azure(path: str) -> Trace:
-    """Read an Azure LLM inference CSV (TraceError names the first bad line)."""
+def load_azure(path: str, window: tuple[float, float] | None = None) -> Trace:
+    """Read an Azure LLM inference CSV (TraceError names the first bad line);
+    ``window``: the calls arriving in it may be all that is loaded (`csv_columns`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh)
+    requests = _by_columns(path, fresh, window)
     if requests is not None:
         return fresh.trace(requests, path, "azure")
     requests: list[TraceRequest] = []
@@ -65,7 +66,8 @@ _PUBLISHED_STAMP = re.compile(r"\d{4}-\d\d-\d\d ([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
                               r"(\.\d{1,7})?([+-]([01]\d|2[0-3]):[0-5]\d)?")
 
 
-def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds,
+                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
     cells = columns.plain_columns(path, AZURE_COLUMNS)
     if cells is None:
@@ -84,4 +86,5 @@ def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
     # differences between whole microseconds, then / 1e6, as timedelta.total_seconds()
     seconds = (micros - micros.min()) / 1e6
     lines = range(2, len(inputs) + 2)
-    return fresh.many([f"az-{line}" for line in lines], inputs, outputs, seconds)
+    return fresh.many([f"az-{line}" for line in lines], inputs, outputs, seconds,
+                      keep=columns.in_window(seconds, window))

@@ -30,10 +30,11 @@ BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 SESSION_COLUMN = "Session ID"
 
 
-def load_burstgpt(path: str) -> Trace:
-    """Read a BurstGPT CSV (TraceError names the first bad line)."""
+def load_burstgpt(path: str, window: tuple[float, float] | None = None) -> Trace:
+    """Read a BurstGPT CSV (TraceError names the first bad line); ``window``: the
+    sessions starting in it may be all that is loaded (`csv_columns.in_window`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh)
+    requests = _by_columns(path, fresh, window)
     if requests is not None:
         return fresh.trace(requests, path, "burstgpt")
     requests: list[TraceRequest] = []
@@ -54,7 +55,8 @@ def load_burstgpt(path: str) -> Trace:
     return fresh.trace(requests, path, "burstgpt")
 
 
-def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds,
+                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
     read = columns.timed_counts(path, BURSTGPT_COLUMNS, optional=(SESSION_COLUMN,))
     if read is None:
@@ -62,7 +64,8 @@ def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
     cells, stamps, inputs, outputs = read
     names = [f"bg-{line}" for line in range(2, len(stamps) + 2)]
     if SESSION_COLUMN not in cells:
-        return fresh.many(names, inputs, outputs, stamps)
+        return fresh.many(names, inputs, outputs, stamps,
+                          keep=columns.in_window(stamps, window))
     sessions, parents = [], []
     delays = np.zeros(len(stamps))
     last_of_session: dict[str, int] = {}  # session -> its latest row so far
@@ -74,4 +77,5 @@ def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
             delays[i] = max(stamps[i] - stamps[before], 0.0)
         if session:
             last_of_session[session] = i
-    return fresh.many(names, inputs, outputs, stamps, sessions, parents, delays)
+    return fresh.many(names, inputs, outputs, stamps, sessions, parents, delays,
+                      keep=columns.in_window(stamps, window, sessions))

@@ -139,22 +139,33 @@ class FreshIds:
 
     def many(self, names: list[str], inputs: np.ndarray, outputs: np.ndarray,
              timestamps: np.ndarray, sessions: list[str | None] | None = None,
-             parents: list[str | None] | None = None,
-             delays: np.ndarray | None = None) -> list[TraceRequest] | None:
+             parents: list[str | None] | None = None, delays: np.ndarray | None = None,
+             keep: np.ndarray | None = None) -> list[TraceRequest] | None:
         """``request`` for many rows at once (``csv_columns``): the same requests, ids
         minted in the same order -- or None, minting nothing, where one of them would
-        be refused (the row reader then names it)."""
+        be refused (the row reader then names it). ``keep``: the rows to make requests
+        of (every row is still checked, and counted in the ids: a kept row's ids are
+        those it gets when all are made)."""
         if len(inputs) == 0 or (inputs <= 0).any() or (inputs > MAX_PROMPT_TOKENS).any() or \
                 (outputs > MAX_OUTPUT_TOKENS).any() or (timestamps < 0).any() or \
                 (delays is not None and (delays < 0).any()):
             return None
-        ends = np.cumsum(-(-inputs // self.block_size))
-        ids = self._minter.take(int(ends[-1]))
-        hash_ids = [ids[a:b] for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
-        n = len(names)
-        sessions = sessions or [None] * n
-        parents = parents or [None] * n
-        delays_s = delays.tolist() if delays is not None else [0.0] * n
+        blocks = -(-inputs // self.block_size)
+        ends = np.cumsum(blocks)
+        if keep is None:  # one array, a view of it per request
+            ids = self._minter.take(int(ends[-1]))
+            hash_ids = [ids[a:b] for a, b in zip([0, *ends[:-1].tolist()], ends.tolist())]
+            n = len(names)
+            sessions, parents = sessions or [None] * n, parents or [None] * n
+            delays_s = delays.tolist() if delays is not None else [0.0] * n
+        else:  # the kept rows' ids only, every row counted
+            rows = np.flatnonzero(keep)
+            hash_ids = self._kept_ids(blocks, ends, rows)
+            names = [names[i] for i in rows]
+            sessions = [sessions[i] for i in rows] if sessions else [None] * len(rows)
+            parents = [parents[i] for i in rows] if parents else [None] * len(rows)
+            delays_s = delays[rows].tolist() if delays is not None else [0.0] * len(rows)
+            inputs, outputs, timestamps = inputs[rows], outputs[rows], timestamps[rows]
         # positional: TraceRequest(session_id, request_id, parent_id, kind, delay_s,
         # input_length, output_length, hash_ids, timestamp)
         return [TraceRequest(session or name, name, parent, "main", delay, inp, out, h, t)
@@ -162,6 +173,17 @@ class FreshIds:
                     names, inputs.tolist(), np.maximum(outputs, 1).tolist(), hash_ids,
                     timestamps.tolist(),
                     sessions, parents, delays_s, strict=True)]
+
+    def _kept_ids(self, blocks: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> list:
+        """Each kept row's ids as minting all rows in order gives them (the minter
+        moves past all of them)."""
+        first = self._minter.next_id
+        self._minter.next_id += int(ends[-1])
+        counts = blocks[rows]
+        cuts = np.cumsum(counts)
+        flat = np.arange(int(cuts[-1]) if len(rows) else 0, dtype=np.int64) \
+            + np.repeat(first + ends[rows] - counts - (cuts - counts), counts)
+        return [flat[a:b] for a, b in zip([0, *cuts[:-1].tolist()], cuts.tolist())]
 
     def trace(self, requests: list[TraceRequest], path: str, format_name: str) -> Trace:
         if not requests:

@@ -19,12 +19,14 @@ import contextlib
 import zlib
 
 import numpy as np
+import pandas as pd
 
 from labkit.traces.jsonl import open_text
 
 # Whole numbers past this lose integer precision as floats: left to the row reader.
 EXACT_INT = 2**53
 _rows_only = False
+CHUNK_ROWS = 1 << 16  # rows cut into cells at a time: only the wanted columns are kept
 
 
 @contextlib.contextmanager
@@ -59,12 +61,17 @@ def plain_columns(path: str, wanted: tuple[str, ...],
     if len(lines) < 2 or len(set(header)) != len(header) or \
             any(c not in header for c in wanted):
         return None
-    body, width = lines[1:], len(header)
-    if any(line.count(",") != width - 1 for line in body):  # blank or ragged rows
+    del text
+    width = len(header)
+    if any(line.count(",") != width - 1 for line in lines[1:]):  # blank or ragged rows
         return None
-    cells = ",".join(body).split(",")
-    return {name: cells[header.index(name)::width]
-            for name in (*wanted, *(c for c in optional if c in header))}
+    names = (*wanted, *(c for c in optional if c in header))
+    columns: dict[str, list[str]] = {name: [] for name in names}
+    for first in range(1, len(lines), CHUNK_ROWS):  # (the cells of a chunk at a time)
+        cells = ",".join(lines[first:first + CHUNK_ROWS]).split(",")
+        for name in names:
+            columns[name] += cells[header.index(name)::width]
+    return columns
 
 
 def numbers(cells: list[str], whole: bool = False) -> np.ndarray | None:
@@ -99,3 +106,19 @@ def timed_counts(path: str, wanted: tuple[str, str, str], optional: tuple[str, .
 def strings(cells: list[str]) -> list[str]:
     """Cells as the row reader gives them (stripped)."""
     return [c.strip() for c in cells]
+
+
+def in_window(stamps: np.ndarray, window: tuple[float, float] | None,
+              sessions: list[str | None] | None = None) -> np.ndarray | None:
+    """The rows of the sessions whose earliest call arrives in ``window`` (a row of its
+    own where its session is None), as a mask -- or None: no window, or none of the
+    file's sessions starts in it (all are loaded then; ``parts.select`` says what the
+    trace holds). Only a loader's shortcut: ``select`` applies the window after."""
+    if window is None:
+        return None
+    earliest = stamps
+    if sessions is not None and any(sessions):
+        keys = [s if s is not None else i for i, s in enumerate(sessions)]
+        earliest = pd.Series(stamps).groupby(keys, sort=False).transform("min").to_numpy()
+    keep = (earliest >= window[0]) & (earliest < window[1])
+    return keep if keep.any() else None

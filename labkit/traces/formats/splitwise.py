@@ -25,10 +25,11 @@ from labkit.traces.validate import TraceError
 SPLITWISE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
 
 
-def load_splitwise(path: str) -> Trace:
-    """Read a Splitwise CSV trace (TraceError names the first bad line)."""
+def load_splitwise(path: str, window: tuple[float, float] | None = None) -> Trace:
+    """Read a Splitwise CSV trace (TraceError names the first bad line); ``window``:
+    the calls arriving in it may be all that is loaded (`csv_columns.in_window`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh)
+    requests = _by_columns(path, fresh, window)
     if requests is not None:
         return fresh.trace(requests, path, "splitwise")
     requests: list[TraceRequest] = []
@@ -51,7 +52,8 @@ def load_splitwise(path: str) -> Trace:
     return fresh.trace(requests, path, "splitwise")
 
 
-def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds,
+                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
     read = columns.timed_counts(path, SPLITWISE_COLUMNS, optional=("request_id", "batch_size"))
     if read is None:
@@ -72,5 +74,6 @@ def _by_columns(path: str, fresh: FreshIds) -> list[TraceRequest] | None:
         return None
     ids = [f"sw-{name}" if n == 1 else f"sw-{name}.{copy}"
            for name, n in zip(names, copies.tolist(), strict=True) for copy in range(n)]
-    return fresh.many(ids, np.repeat(inputs, copies), np.repeat(outputs, copies),
-                      np.repeat(stamps, copies))
+    stamps = np.repeat(stamps, copies)
+    return fresh.many(ids, np.repeat(inputs, copies), np.repeat(outputs, copies), stamps,
+                      keep=columns.in_window(stamps, window))
