@@ -261,6 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: nothing half-written was left (labkit.outputs)
         print("labkit: interrupted", file=sys.stderr)
         return 130
+    except SystemError as err:  # Ctrl-C inside a compiled (numba) function comes out so
+        if not _interrupted(err):
+            raise
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Is a KeyboardInterrupt the root of this chain of SystemErrors? (numba's dispatcher
+    reports a Ctrl-C that came during its call as "returned a result with an exception
+    set", one SystemError per level, each caused by the one below.)"""
+    while isinstance(err, SystemError):
+        err = err.__cause__
+    return isinstance(err, KeyboardInterrupt)
 
 
 def _stdout_gone() -> bool:

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from labkit import checks
 from labkit.engine.gc_pause import old_objects_frozen
+from labkit.engine.interrupts import SafeInterrupt
 from labkit.engine.kv.block_keys import ID_LIMIT, TraceBlockKeys, check_block_sizes
 from labkit.engine.metrics import ReplayResult, collect_result
 from labkit.engine.oversize import oversized_requests, plan_skips, skipped_row
@@ -310,14 +311,16 @@ class ReplayRun:
         """Run the replay to its end (`duration_s`; also after `engine.run_until` has
         stopped it earlier) and collect its tables."""
         self.engine.stop_s = math.inf if self.duration_s is None else self.duration_s
-        with old_objects_frozen():  # (full collections skip them: `gc_pause.py`)
+        # (full collections skip what exists, `gc_pause.py`; Ctrl-C between events,
+        # `interrupts.py`)
+        with old_objects_frozen(), SafeInterrupt() as stop:
             if not progress:
                 while self.engine.step():
-                    pass
+                    stop.check()
             elif self.duration_s is not None:
-                _run_timed(self, self.duration_s)
+                _run_timed(self, self.duration_s, stop)
             else:
-                _run_counted(self)
+                _run_counted(self, stop)
             return self.result()
 
     def result(self) -> ReplayResult:
@@ -387,12 +390,13 @@ def replay(engine, trace, concurrency: int | None = None, duration_s: float | No
     return run.finish(progress)
 
 
-def _run_timed(run: ReplayRun, duration_s: float) -> None:
+def _run_timed(run: ReplayRun, duration_s: float, stop: SafeInterrupt) -> None:
     """A bar over simulated seconds, whole ones, up to `duration_s`; a run that ends
     sooner (its trace ran out) closes the bar where it ended."""
     engine = run.engine
     with tqdm(total=math.ceil(duration_s), unit="sim s", desc="replay") as bar:
         while engine.step():
+            stop.check()
             done = int(min(engine.now, duration_s))
             if done > bar.n:
                 bar.update(done - bar.n)
@@ -401,11 +405,12 @@ def _run_timed(run: ReplayRun, duration_s: float) -> None:
         bar.update(bar.total - bar.n)
 
 
-def _run_counted(run: ReplayRun) -> None:
+def _run_counted(run: ReplayRun, stop: SafeInterrupt) -> None:
     """A bar over the calls of the trace (no duration: the run goes until all finish)."""
     engine, feeder = run.engine, run.feeder
     with tqdm(total=run.total_calls, unit="call", desc="replay") as bar:
         while engine.step():
+            stop.check()
             if feeder.calls_finished > bar.n:
                 bar.update(feeder.calls_finished - bar.n)
         bar.update(feeder.calls_finished - bar.n)
