@@ -40,7 +40,7 @@ import typing
 from labkit import checks
 from labkit.errors import ConfigError
 from labkit.traces.formats import FORMATS
-from labkit.traces.load_cli import add_load_flags
+from labkit.traces.load_cli import add_load_flags, generator_params
 from labkit.traces.parts import add_select_flags, load_selected, selection_from_args
 from labkit.traces.loads import LOAD_KINDS
 from labkit.traces.validate import TraceError
@@ -262,19 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         print("labkit: interrupted", file=sys.stderr)
         return 130
     except SystemError as err:  # Ctrl-C inside a compiled (numba) function comes out so
-        if not _interrupted(err):
+        from labkit.engine.interrupts import interrupted
+
+        if not interrupted(err):
             raise
         print("labkit: interrupted", file=sys.stderr)
         return 130
-
-
-def _interrupted(err: BaseException) -> bool:
-    """Is a KeyboardInterrupt the root of this chain of SystemErrors? (numba's dispatcher
-    reports a Ctrl-C that came during its call as "returned a result with an exception
-    set", one SystemError per level, each caused by the one below.)"""
-    while isinstance(err, SystemError):
-        err = err.__cause__
-    return isinstance(err, KeyboardInterrupt)
 
 
 def _stdout_gone() -> bool:
@@ -351,7 +344,7 @@ def _trace(args) -> int:
         check_regular_target(args.out)  # before any work: a device or FIFO stays as it is
         from labkit.traces import TINY_AGENTX
 
-        knobs = {**(TINY_AGENTX if args.tiny else {}), **_generator_params(args.param)}
+        knobs = {**(TINY_AGENTX if args.tiny else {}), **generator_params(args.param)}
         block_size = args.block_size if args.block_size is not None else \
             16 if args.tiny else 64
         checks.integer("--block-size", block_size, low=1)
@@ -368,26 +361,6 @@ def _trace(args) -> int:
         for key, value in stats.items():
             print(f"{key:<{width}}  {_fmt(value)}")
     return 0
-
-
-def _generator_params(pairs: list[str]) -> dict:
-    from dataclasses import fields
-
-    from labkit.traces import AgentXParams
-
-    known = {f.name: f.type for f in fields(AgentXParams)}
-    params = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or name not in known:
-            raise ConfigError(f"--param {pair!r}: expected NAME=VALUE with NAME one of "
-                              f"{', '.join(known)}")
-        kind = known[name] if not isinstance(known[name], str) else eval(known[name])
-        try:
-            params[name] = kind(value)
-        except ValueError:
-            raise ConfigError(f"--param {pair!r}: {value!r} is not a {kind.__name__}") from None
-    return params
 
 
 def _replay(args) -> int:

@@ -46,3 +46,12 @@ class SafeInterrupt:
         if self.requested:
             self.requested = False
             raise KeyboardInterrupt
+
+
+def interrupted(err: BaseException) -> bool:
+    """Is a KeyboardInterrupt the root of this chain of SystemErrors? (numba's dispatcher
+    reports a Ctrl-C that came during its call as "returned a result with an exception
+    set", one SystemError per level, each caused by the one below.)"""
+    while isinstance(err, SystemError):
+        err = err.__cause__
+    return isinstance(err, KeyboardInterrupt)

@@ -1,4 +1,5 @@
-"""`labkit trace gen --kind random|shared-prefix|multi-turn` and `labkit trace convert`.
+"""`labkit trace gen`'s flags: `--kind random|shared-prefix|multi-turn` loads, and
+the AgentX generator's `--param NAME=VALUE` knobs.
 
 The load flags carry the generator arguments' names (``--num-prompts``,
 ``--request-rate``, ``--burstiness``, ``--input-len``, ``--output-len``,
@@ -69,3 +70,25 @@ def generate_load(args) -> Trace:
                               f"(it is of {', '.join(owners)})")
         knobs[dest] = value
     return make(**knobs)
+
+
+def generator_params(pairs: list[str]) -> dict:
+    """`--param NAME=VALUE` pairs as AgentXParams knobs, typed (ConfigError naming a bad
+    one)."""
+    from dataclasses import fields
+
+    from labkit.traces import AgentXParams
+
+    known = {f.name: f.type for f in fields(AgentXParams)}
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in known:
+            raise ConfigError(f"--param {pair!r}: expected NAME=VALUE with NAME one of "
+                              f"{', '.join(known)}")
+        kind = known[name] if not isinstance(known[name], str) else eval(known[name])
+        try:
+            params[name] = kind(value)
+        except ValueError:
+            raise ConfigError(f"--param {pair!r}: {value!r} is not a {kind.__name__}") from None
+    return params

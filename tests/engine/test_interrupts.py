@@ -10,9 +10,8 @@ import threading
 
 import pytest
 
-from labkit.cli import _interrupted
 from labkit.engine import Engine
-from labkit.engine.interrupts import SafeInterrupt
+from labkit.engine.interrupts import SafeInterrupt, interrupted
 from labkit.traces import generate_random_trace
 
 
@@ -81,5 +80,5 @@ def test_a_ctrl_c_numba_reported_as_system_errors_is_an_interrupt():
         except SystemError as inner:
             raise SystemError("returned a result with an exception set") from inner
     except SystemError as outer:
-        assert _interrupted(outer)
-    assert not _interrupted(SystemError("another"))
+        assert interrupted(outer)
+    assert not interrupted(SystemError("another"))
