@@ -39,9 +39,8 @@ import typing
 
 from labkit import checks
 from labkit.errors import ConfigError
-from labkit.traces.formats import FORMATS
 from labkit.traces.load_cli import add_load_flags, generator_params
-from labkit.traces.parts import add_select_flags, load_selected, selection_from_args
+from labkit.traces.parts import add_trace_flags, load_selected, selection_from_args
 from labkit.traces.loads import LOAD_KINDS
 from labkit.traces.validate import TraceError
 from labkit.specs.config import knob_fields
@@ -116,19 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_flags(gen)
     stats = tsub.add_parser("stats", help="statistics of a trace")
     stats.add_argument("file")
-    stats.add_argument("--format", choices=["auto", *FORMATS], default="auto")
     stats.add_argument("--json", action="store_true")
-    add_select_flags(stats)
+    add_trace_flags(stats)
     convert = tsub.add_parser("convert", help="rewrite a trace in any format as labkit JSONL")
     convert.add_argument("input")
     convert.add_argument("output", help="labkit JSONL (.gz: compressed)")
-    convert.add_argument("--format", choices=["auto", *FORMATS], default="auto")
-    add_select_flags(convert)
+    add_trace_flags(convert)
 
     replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
     replay.add_argument("--trace", required=True)
-    replay.add_argument("--format", choices=["auto", *FORMATS], default="auto")
-    add_select_flags(replay)
+    add_trace_flags(replay)
     replay.add_argument("--model", required=True,
                         help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
                              "config.json or model folder")

@@ -9,7 +9,9 @@
 `profile` prints every point tried and the saturation table (each role and layout's
 rate); `sweep` prints one row per P:D candidate. With --out, the tables are written as
 parquet (profile.parquet, saturation.parquet, sweep.parquet). Engine knobs apply to
-both roles. Bad input exits 2 before anything runs.
+both roles. The trace takes the flags of `labkit replay` that pick a part of it
+(--format, --window, --sample-sessions, --speedup, --where). Bad input exits 2 before
+anything runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 from labkit import checks
 from labkit.errors import ConfigError
 from labkit.specs.hardware import HARDWARE_PRESETS
+from labkit.traces.parts import add_trace_flags, load_selected, selection_from_args
 
 # what each command writes into --out (other files there are kept)
 TABLE_FILES = {"profile": ("profile.parquet", "saturation.parquet"),
@@ -50,6 +53,7 @@ def add_pd_parser(subparsers, add_knob_flags) -> None:
                        help="sessions in flight (default: D x the decode saturation point)")
     for p in (profile, sweep):
         p.add_argument("--trace", required=True)
+        add_trace_flags(p)
         p.add_argument("--model", required=True)
         p.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
         p.add_argument("--duration-s", type=float, default=60.0,
@@ -70,15 +74,15 @@ def run_pd_command(args, knobs: dict) -> int:
     import sys
 
     from labkit.outputs import OutDir, strict_json
-    from labkit.traces import load_trace
 
+    selection_from_args(args)  # (bad flags: before the folder is claimed)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     with contextlib.ExitStack() as stack:
         # the results folder is claimed (checked, locked) before anything runs
         out = stack.enter_context(OutDir(args.out, args.overwrite,
                                          results=TABLE_FILES[args.pd_command])) \
             if args.out else None
-        tables = _run(args, knobs, load_trace(args.trace), progress)
+        tables = _run(args, knobs, load_selected(args.trace, args), progress)
         if out is not None:
             out.write(lambda folder: _write_tables(tables, folder))
     if args.json:

@@ -1,6 +1,7 @@
 """`labkit plan`: the command-line face of the deployment planner (`plan.py`).
 
     labkit plan --trace FILE --model M --hardware H --gpus N --slo ttft=2,tpot=0.05
+                [--format F] [--window S:E] [--sample-sessions F] [--speedup R] [--where C]
                 [--concurrency 8,32] [--duration-s S] [--warmup-s S] [--layouts L1,L2]
                 [--no-pd] [--pd-layouts L1,L2] [--max-groups G] [--max-model-len N]
                 [--max-num-batched-tokens 2048,8192] [--long-prefill-token-threshold 0,4096]
@@ -23,6 +24,7 @@ import sys
 import pandas as pd
 
 from labkit.errors import ConfigError
+from labkit.traces.parts import add_trace_flags, changes_load, load_selected, selection_from_args
 from labkit.traces.validate import TraceError
 from labkit.specs.hardware import HARDWARE_PRESETS
 
@@ -38,6 +40,7 @@ def add_plan_parser(subparsers) -> None:
                      "deployment meeting SLOs (by simulation)",
         description=__doc__.split("\n\n")[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True, help="a trace file (any format labkit reads)")
+    add_trace_flags(p)
     p.add_argument("--model", required=True)
     p.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
     p.add_argument("--gpus", type=int, required=True, help="GPUs available (the most a "
@@ -75,14 +78,16 @@ def add_plan_parser(subparsers) -> None:
 def run_plan_command(args) -> int:
     from labkit.experiments.plan import plan
     from labkit.outputs import OutDir
-    from labkit.traces import load_trace
 
     try:
+        selection_from_args(args)  # (bad flags: before the folder is claimed)
         with contextlib.ExitStack() as stack:
             out = stack.enter_context(OutDir(args.out, args.overwrite, results=[
                 f"{t}.parquet" for t in TABLES])) if args.out else None
-            load_trace(args.trace)  # a malformed trace: refused before anything runs
-            result = plan(args.trace, args.model, args.hardware, args.gpus, args.slo,
+            trace = load_selected(args.trace, args)  # a malformed trace: refused here
+            # (the workers load a whole file once each; a part of one travels with them)
+            result = plan(trace if changes_load(args) else args.trace, args.model,
+                          args.hardware, args.gpus, args.slo,
                           concurrency=_ints("--concurrency", args.concurrency),
                           duration_s=args.duration_s, warmup_s=args.warmup_s,
                           layouts=_texts(args.layouts), disaggregated=args.pd,

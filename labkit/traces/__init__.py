@@ -12,6 +12,7 @@ write it back as labkit JSONL, and summarise it::
     load_trace("qwen_traceA_blksz_16.jsonl")              # format auto-detected
     generate_random_trace(num_prompts=500, request_rate=4.0, burstiness=0.5)
     select(load_trace("BurstGPT_1.csv"), window=(86400, 90000), speedup=2)  # a part
+    load_trace("BurstGPT_1.csv", where=["Model=GPT-4", "Response tokens>0"])  # rows
 """
 from labkit.traces.agentx import generate_agentx_trace
 from labkit.traces.agentx_params import TINY_AGENTX, AgentXParams

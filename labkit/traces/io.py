@@ -43,13 +43,15 @@ LABKIT_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
 }
 
 
-def load_trace(path: str | os.PathLike, format: str = "auto") -> Trace:
+def load_trace(path: str | os.PathLike, format: str = "auto", where=None) -> Trace:
     """Read a trace file. ``format``: "auto" (from the first line), or one of
     ``labkit.traces.formats.FORMATS`` (labkit, mooncake, bailian, azure, agentx,
-    burstgpt, splitwise). Raises TraceError on the first malformed line."""
+    burstgpt, splitwise). ``where``: a CSV trace's rows to read, by their cells
+    (``"Model=GPT-4"``, or a list of conditions all to be met: ``row_filter.py``).
+    Raises TraceError on the first malformed line."""
     from labkit.traces.formats import load  # formats import this module's loader
 
-    return load(path, format)
+    return load(path, format, where=where)
 
 
 def load_labkit(path: str) -> Trace:

@@ -94,9 +94,14 @@ def _spelt(value) -> str:
     return f"{value:g}" if _real(value) else repr(value)
 
 
-def add_select_flags(parser) -> None:
-    group = parser.add_argument_group("a part of the trace (whole sessions; see "
-                                      "labkit.traces.parts)")
+def add_trace_flags(parser) -> None:
+    """``--format`` and the flags of a part of the trace (``load_selected`` reads them)."""
+    from labkit.traces.formats import FORMATS
+
+    parser.add_argument("--format", choices=["auto", *FORMATS], default="auto",
+                        help="the trace file's format (default: told from its first line)")
+    group = parser.add_argument_group("a part of the trace (whole sessions, see "
+                                      "labkit.traces.parts; --where: rows of a CSV)")
     group.add_argument("--window", metavar="START:END",
                        help="sessions starting in this span of trace seconds (3600:7200, "
                             "3600:, :600), moved to start at 0")
@@ -106,10 +111,18 @@ def add_select_flags(parser) -> None:
                        help="arrival times divided by RATIO (2: twice the request rate)")
     group.add_argument("--sample-seed", type=int, default=0, metavar="N",
                        help="seed of --sample-sessions (default 0)")
+    group.add_argument("--where", action="append", metavar="CONDITION",
+                       help="CSV traces: only the rows meeting it, e.g. 'Model=GPT-4' or "
+                            "'Response tokens>0' (=, !=, >, >=, <, <=; repeat it: all must "
+                            "hold)")
 
 
 def selection_from_args(args) -> dict | None:
-    """The ``select`` knobs the flags give (checked: call it before loading), or None."""
+    """The ``select`` knobs the flags give (checked, ``--where`` too: call it before
+    loading), or None."""
+    from labkit.traces.formats.row_filter import RowFilter
+
+    RowFilter.parse(args.where)
     window = None if args.window is None else parse_window(args.window)
     if window is None and args.sample_sessions is None and args.speedup is None:
         return None
@@ -154,11 +167,16 @@ def _moved(req, shift: float, rate: float):
     return dataclasses.replace(req, timestamp=(req.timestamp - shift) / rate)
 
 
+def changes_load(args) -> bool:
+    """Do the flags ask for other than the whole file, its format told from it?"""
+    return args.format != "auto" or bool(args.where) or selection_from_args(args) is not None
+
+
 def load_selected(path, args) -> Trace:
-    """``load_trace(path, args.format)`` cut as the flags say (they are checked first;
-    a CSV loader leaves out what the window will, `formats.load`)."""
+    """``load_trace(path, args.format, args.where)`` cut as the flags say (they are
+    checked first; a CSV loader leaves out what the window will, `formats.load`)."""
     from labkit.traces.formats import load
 
     knobs = selection_from_args(args)
-    trace = load(path, args.format, window=knobs["window"] if knobs else None)
+    trace = load(path, args.format, window=knobs["window"] if knobs else None, where=args.where)
     return trace if knobs is None else select(trace, **knobs)

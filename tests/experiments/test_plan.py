@@ -112,6 +112,8 @@ def test_the_command_prints_and_writes_the_tables(tmp_path, trace, planned, caps
     (["--slo", "ttft=-1"], "ttft=-1"),
     (["--concurrency", "8,x"], "--concurrency '8,x': give integers"),
     (["--gpu-hour-usd", "-2"], "gpu_hour_usd=-2.0 must be a finite price >= 0"),
+    (["--window", "5"], "--window '5': give START:END"),
+    (["--where", "Model=x"], "--where picks rows of the CSV traces"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, extra, message):
     argv = ["plan", "--trace", SMALL_TRACE, "--model", MODEL,
@@ -175,3 +177,26 @@ def test_a_refused_configuration_says_why(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"request huge: {n} + 10 tokens exceed max_model_len=131072 of {MODEL}, for every " \
            f"configuration" in err
+
+
+def test_a_part_of_the_trace_is_planned_as_that_part(tmp_path, trace):
+    """The trace flags of `labkit replay` (here --sample-sessions) on `plan` and `pd`:
+    the tables of the part written out first, and not those of the whole trace."""
+    path, part = tmp_path / "t.jsonl", tmp_path / "part.jsonl"
+    write_trace(trace, path)
+    cut = ["--sample-sessions", "0.5", "--sample-seed", "2"]
+    assert main(["trace", "convert", str(path), str(part), *cut]) == 0
+    commands = {
+        "plan.parquet": ["plan", "--model", MODEL, "--gpus", "1", "--slo", SLO, "--no-pd",
+                         "--concurrency", "4", "--duration-s", "6", "--no-progress"],
+        "profile.parquet": ["pd", "profile", "--model", MODEL, "--prefill-layouts", "tp1",
+                            "--decode-layouts", "tp1", "--concurrency", "2,4",
+                            "--duration-s", "6", "--no-progress"]}
+    for table, argv in commands.items():
+        tables = []
+        for i, (source, flags) in enumerate([(path, cut), (part, []), (path, [])]):
+            out = tmp_path / f"{table}-{i}"
+            assert main([*argv, "--trace", str(source), *flags, "--out", str(out)]) in (0, 1)
+            tables.append(pd.read_parquet(out / table))
+        pd.testing.assert_frame_equal(tables[0], tables[1])
+        assert not tables[0].equals(tables[2])  # (the whole trace plans otherwise)

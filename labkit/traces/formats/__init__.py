@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import os
 
+from labkit.errors import ConfigError
 from labkit.traces.collector import collector_paused
 from labkit.traces.formats.agentx_json import load_agentx
 from labkit.traces.formats.azure import load_azure
 from labkit.traces.formats.bailian import load_bailian
 from labkit.traces.formats.burstgpt import load_burstgpt
 from labkit.traces.formats.detect import detect_format
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.formats.splitwise import load_splitwise
 from labkit.traces.io import load_labkit
 from labkit.traces.mooncake import load_mooncake
@@ -36,21 +38,28 @@ LOADERS = {"labkit": load_labkit, "mooncake": load_mooncake, "bailian": load_bai
            "azure": load_azure, "agentx": load_agentx, "burstgpt": load_burstgpt,
            "splitwise": load_splitwise}
 FORMATS = tuple(LOADERS)
-WINDOWED = ("azure", "burstgpt", "splitwise")  # loaders that take `window`
+CSV_FORMATS = ("azure", "burstgpt", "splitwise")  # loaders that take `window` and `where`
 
 
 def load(path: str | os.PathLike, format: str = "auto",
-         window: tuple[float, float] | None = None) -> Trace:
+         window: tuple[float, float] | None = None, where=None) -> Trace:
     """Read a trace file in ``format`` ("auto": from its first line). ``window``: the
     caller will keep only the sessions starting in it (``parts.select``), so a loader
     may leave the others out (the CSV formats do, where read a column at a time: an
-    hour of a months-long file without a request object for every row)."""
+    hour of a months-long file without a request object for every row). ``where``:
+    conditions on a CSV trace's cells (``"Model=GPT-4"``, or a list of them, all to be
+    met): the file read as if it held only the rows meeting them (``row_filter.py``).
+    """
     path = os.fspath(path)
     if format not in ("auto", *FORMATS):
         raise ValueError(f"format must be one of auto, {', '.join(FORMATS)}; got {format!r}")
+    rows = RowFilter.parse(where)  # (a badly spelt condition: before the file is read)
     with collector_paused():  # (objects by the million, no cycles: `collector.py`)
         if format == "auto":
             format = detect_format(path, FORMATS)
-        if window is not None and format in WINDOWED:
-            return LOADERS[format](path, window=window)
-        return LOADERS[format](path)
+        if format not in CSV_FORMATS:
+            if rows is not None:
+                raise ConfigError(f"--where picks rows of the CSV traces "
+                                  f"({', '.join(CSV_FORMATS)}); {path} is a {format} trace")
+            return LOADERS[format](path)
+        return LOADERS[format](path, window=window, where=rows)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, int_cell
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError
 
@@ -40,16 +41,18 @@ def _when(text: str, path: str, line: int) -> datetime:
     return when
 
 
-def load_azure(path: str, window: tuple[float, float] | None = None) -> Trace:
+def load_azure(path: str, window: tuple[float, float] | None = None,
+               where: RowFilter | None = None) -> Trace:
     """Read an Azure LLM inference CSV (TraceError names the first bad line);
-    ``window``: the calls arriving in it may be all that is loaded (`csv_columns`)."""
+    ``window``: the calls arriving in it may be all that is loaded (`csv_columns`);
+    ``where``: only the rows it accepts (`row_filter.py`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh, window)
+    requests = _by_columns(path, fresh, window, where)
     if requests is not None:
         return fresh.trace(requests, path, "azure")
     requests: list[TraceRequest] = []
     stamps: list[datetime] = []
-    for line, row in csv_rows(path, AZURE_COLUMNS, "Azure"):
+    for line, row in csv_rows(path, AZURE_COLUMNS, "Azure", where):
         stamps.append(_when(row["TIMESTAMP"], path, line))
         requests.append(fresh.request(
             (path, line), f"az-{line}", int_cell(row, "ContextTokens", path, line),
@@ -66,12 +69,13 @@ _PUBLISHED_STAMP = re.compile(r"\d{4}-\d\d-\d\d ([01]\d|2[0-3]):[0-5]\d:[0-5]\d"
                               r"(\.\d{1,7})?([+-]([01]\d|2[0-3]):[0-5]\d)?")
 
 
-def _by_columns(path: str, fresh: FreshIds,
-                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds, window: tuple[float, float] | None = None,
+                where: RowFilter | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
-    cells = columns.plain_columns(path, AZURE_COLUMNS)
-    if cells is None:
+    read = columns.plain_columns(path, AZURE_COLUMNS, where=where)
+    if read is None:
         return None
+    cells, lines = read
     inputs = columns.numbers(cells["ContextTokens"], whole=True)
     outputs = columns.numbers(cells["GeneratedTokens"], whole=True)
     texts = pd.Series(columns.strings(cells["TIMESTAMP"]))
@@ -85,6 +89,5 @@ def _by_columns(path: str, fresh: FreshIds,
     # fromisoformat keeps six digits of a second (the 2023 files give seven); the
     # differences between whole microseconds, then / 1e6, as timedelta.total_seconds()
     seconds = (micros - micros.min()) / 1e6
-    lines = range(2, len(inputs) + 2)
-    return fresh.many([f"az-{line}" for line in lines], inputs, outputs, seconds,
+    return fresh.many([f"az-{line}" for line in lines.tolist()], inputs, outputs, seconds,
                       keep=columns.in_window(seconds, window))

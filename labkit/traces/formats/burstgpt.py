@@ -9,10 +9,12 @@ CSV::
 ``Timestamp`` is the submission time in seconds from midnight of the first day;
 ``Log Type`` says whether a user chatted or called the API. Failed requests have
 ``Response tokens`` 0 (the ``..._without_fails`` files drop them); we keep them as
-one-token requests (``common.py``). Newer releases add a ``Session ID`` column: when
-it is there, the rows of one session become one labkit session -- each request's
-parent is the session's previous request, ``delay_s`` the gap between their
-arrivals. Without it (or with an empty cell) every row is a session of its own.
+one-token requests (``common.py``). ``where=["Model=GPT-4", "Response tokens>0"]``
+(``--where``, `row_filter.py`) reads the rows vLLM's BurstGPT benchmark load keeps.
+Newer releases add a ``Session ID`` column: when it is there, the rows of one session
+become one labkit session -- each request's parent is the session's previous request,
+``delay_s`` the gap between their arrivals. Without it (or with an empty cell) every
+row is a session of its own.
 
 There is no prompt content, so each prompt gets fresh block ids: whether a turn's
 request tokens include the conversation so far is not published, and we do not
@@ -24,22 +26,25 @@ import numpy as np
 
 from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, float_cell, int_cell
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.schema import Trace, TraceRequest
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 SESSION_COLUMN = "Session ID"
 
 
-def load_burstgpt(path: str, window: tuple[float, float] | None = None) -> Trace:
+def load_burstgpt(path: str, window: tuple[float, float] | None = None,
+                  where: RowFilter | None = None) -> Trace:
     """Read a BurstGPT CSV (TraceError names the first bad line); ``window``: the
-    sessions starting in it may be all that is loaded (`csv_columns.in_window`)."""
+    sessions starting in it may be all that is loaded (`csv_columns.in_window`);
+    ``where``: only the rows it accepts (`row_filter.py`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh, window)
+    requests = _by_columns(path, fresh, window, where)
     if requests is not None:
         return fresh.trace(requests, path, "burstgpt")
     requests: list[TraceRequest] = []
     last_of_session: dict[str, TraceRequest] = {}
-    for line, row in csv_rows(path, BURSTGPT_COLUMNS, "BurstGPT"):
+    for line, row in csv_rows(path, BURSTGPT_COLUMNS, "BurstGPT", where):
         stamp = float_cell(row, "Timestamp", path, line)
         session = row.get(SESSION_COLUMN, "")
         before = last_of_session.get(session) if session else None
@@ -55,14 +60,14 @@ def load_burstgpt(path: str, window: tuple[float, float] | None = None) -> Trace
     return fresh.trace(requests, path, "burstgpt")
 
 
-def _by_columns(path: str, fresh: FreshIds,
-                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds, window: tuple[float, float] | None = None,
+                where: RowFilter | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
-    read = columns.timed_counts(path, BURSTGPT_COLUMNS, optional=(SESSION_COLUMN,))
+    read = columns.timed_counts(path, BURSTGPT_COLUMNS, (SESSION_COLUMN,), where)
     if read is None:
         return None
-    cells, stamps, inputs, outputs = read
-    names = [f"bg-{line}" for line in range(2, len(stamps) + 2)]
+    cells, lines, stamps, inputs, outputs = read
+    names = [f"bg-{line}" for line in lines.tolist()]
     if SESSION_COLUMN not in cells:
         return fresh.many(names, inputs, outputs, stamps,
                           keep=columns.in_window(stamps, window))

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.jsonl import open_text, read_lines
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
@@ -37,9 +38,10 @@ from labkit.traces.validate import (
 TOKENS_ONLY_BLOCK_SIZE = 64
 
 
-def csv_rows(path: str, required: tuple[str, ...], format_name: str
-             ) -> Iterator[tuple[int, dict[str, str]]]:
-    """Yield ``(line, row)`` for each non-blank data row of a CSV file with a header.
+def csv_rows(path: str, required: tuple[str, ...], format_name: str,
+             where: RowFilter | None = None) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield ``(line, row)`` for each non-blank data row of a CSV file with a header
+    (``where``: each one it accepts, `row_filter.py`).
 
     Raises TraceError on line 1 when a required column is missing, on a row with
     more or fewer cells than the header, and on the line where the file is damaged (a
@@ -49,7 +51,11 @@ def csv_rows(path: str, required: tuple[str, ...], format_name: str
     with open_text(path) as f:
         reader = csv.reader(f)
         try:
-            yield from _rows(reader, required, format_name, path)
+            for line, row in _rows(reader, required, format_name, path, where):
+                if where is None or where.accepts(row, path, line):
+                    yield line, row
+            if where is not None and where.seen and not where.kept:
+                raise where.nothing_kept(path)
         except csv.Error as e:  # (the line being parsed)
             raise TraceError(path, max(reader.line_num, 1), f"unreadable CSV ({e})") from None
         except UnicodeDecodeError:  # (text is decoded a buffer at a time: find the line)
@@ -60,8 +66,8 @@ def csv_rows(path: str, required: tuple[str, ...], format_name: str
             raise TraceError(path, reader.line_num + 1, f"damaged gzip file ({e})") from None
 
 
-def _rows(reader, required: tuple[str, ...], format_name: str, path: str):
-    """`csv_rows` of an open reader."""
+def _rows(reader, required: tuple[str, ...], format_name: str, path: str, where):
+    """`csv_rows` of an open reader, every row."""
     header = next(reader, None)
     if header is None:
         raise TraceError(path, 1, "empty trace: no header line")
@@ -71,6 +77,9 @@ def _rows(reader, required: tuple[str, ...], format_name: str, path: str):
         raise TraceError(path, 1, f"{format_name} CSV needs column(s) "
                                   f"{', '.join(map(repr, missing))}; the header has "
                                   f"{', '.join(map(repr, columns))}")
+    if where is not None:
+        where.missing(columns, path)
+        where.seen = where.kept = 0
     for cells in reader:
         line = reader.line_num
         if not any(c.strip() for c in cells):

@@ -21,6 +21,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.jsonl import open_text
 
 # Whole numbers past this lose integer precision as floats: left to the row reader.
@@ -40,11 +41,13 @@ def rows_only():
         _rows_only = before
 
 
-def plain_columns(path: str, wanted: tuple[str, ...],
-                  optional: tuple[str, ...] = ()) -> dict[str, list[str]] | None:
-    """The cells (unstripped) of the ``wanted`` columns, and of the ``optional``
-    ones the header has, of a plain CSV file with at least one data row, whose
-    row ``i`` (from 0) is file line ``i + 2``; None when the file is not plain."""
+def plain_columns(path: str, wanted: tuple[str, ...], optional: tuple[str, ...] = (),
+                  where: RowFilter | None = None):
+    """``(cells, lines)`` of a plain CSV file with at least one data row: the cells
+    (unstripped) of the ``wanted`` columns, and of the ``optional`` ones the header
+    has, of the rows ``where`` accepts (all rows without it), and those rows' file
+    lines (an array); None when the file is not plain or a cell ``where`` reads as a
+    number is not one (ConfigError when ``where`` keeps no row)."""
     if _rows_only:
         return None
     try:
@@ -58,20 +61,30 @@ def plain_columns(path: str, wanted: tuple[str, ...],
     if lines[-1] == "":
         lines.pop()
     header = [c.strip() for c in lines[0].split(",")] if lines else []
+    filtered = where.columns if where is not None else ()
     if len(lines) < 2 or len(set(header)) != len(header) or \
-            any(c not in header for c in wanted):
+            any(c not in header for c in (*wanted, *filtered)):
         return None
     del text
     width = len(header)
     if any(line.count(",") != width - 1 for line in lines[1:]):  # blank or ragged rows
         return None
-    names = (*wanted, *(c for c in optional if c in header))
+    names = tuple(dict.fromkeys((*wanted, *(c for c in optional if c in header), *filtered)))
     columns: dict[str, list[str]] = {name: [] for name in names}
     for first in range(1, len(lines), CHUNK_ROWS):  # (the cells of a chunk at a time)
         cells = ",".join(lines[first:first + CHUNK_ROWS]).split(",")
         for name in names:
             columns[name] += cells[header.index(name)::width]
-    return columns
+    rows = np.arange(2, len(lines) + 1)
+    if where is None:
+        return columns, rows
+    keep = where.mask(columns)
+    if keep is None:
+        return None
+    if not keep.any():  # (as the row reader would find, at the end of the file)
+        raise where.nothing_kept(path)
+    kept = np.flatnonzero(keep).tolist()
+    return {name: [cells[i] for i in kept] for name, cells in columns.items()}, rows[keep]
 
 
 def numbers(cells: list[str], whole: bool = False) -> np.ndarray | None:
@@ -90,17 +103,20 @@ def numbers(cells: list[str], whole: bool = False) -> np.ndarray | None:
     return values
 
 
-def timed_counts(path: str, wanted: tuple[str, str, str], optional: tuple[str, ...] = ()):
-    """``(cells, times, input tokens, output tokens)`` of a plain file whose ``wanted``
-    columns are (arrival time in seconds, input tokens, output tokens), as numbers;
-    None when the file is not plain or a value is not read as a number."""
-    cells = plain_columns(path, wanted, optional)
-    if cells is None:
+def timed_counts(path: str, wanted: tuple[str, str, str], optional: tuple[str, ...] = (),
+                 where: RowFilter | None = None):
+    """``(cells, lines, times, input tokens, output tokens)`` of a plain file whose
+    ``wanted`` columns are (arrival time in seconds, input tokens, output tokens), as
+    numbers (`plain_columns`); None when the file is not plain or a value is not read
+    as a number."""
+    read = plain_columns(path, wanted, optional, where)
+    if read is None:
         return None
+    cells, lines = read
     time, tokens_in, tokens_out = wanted
     values = (numbers(cells[time]), numbers(cells[tokens_in], whole=True),
               numbers(cells[tokens_out], whole=True))
-    return None if any(v is None for v in values) else (cells, *values)
+    return None if any(v is None for v in values) else (cells, lines, *values)
 
 
 def strings(cells: list[str]) -> list[str]:

@@ -19,22 +19,25 @@ import numpy as np
 
 from labkit.traces.formats import csv_columns as columns
 from labkit.traces.formats.common import FreshIds, csv_rows, float_cell, int_cell
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.validate import TraceError
 
 SPLITWISE_COLUMNS = ("arrival_timestamp", "prompt_size", "token_size")
 
 
-def load_splitwise(path: str, window: tuple[float, float] | None = None) -> Trace:
+def load_splitwise(path: str, window: tuple[float, float] | None = None,
+                   where: RowFilter | None = None) -> Trace:
     """Read a Splitwise CSV trace (TraceError names the first bad line); ``window``:
-    the calls arriving in it may be all that is loaded (`csv_columns.in_window`)."""
+    the calls arriving in it may be all that is loaded (`csv_columns.in_window`);
+    ``where``: only the rows it accepts (`row_filter.py`)."""
     fresh = FreshIds()
-    requests = _by_columns(path, fresh, window)
+    requests = _by_columns(path, fresh, window, where)
     if requests is not None:
         return fresh.trace(requests, path, "splitwise")
     requests: list[TraceRequest] = []
     line_of: dict[str, int] = {}
-    for line, row in csv_rows(path, SPLITWISE_COLUMNS, "Splitwise"):
+    for line, row in csv_rows(path, SPLITWISE_COLUMNS, "Splitwise", where):
         name = row.get("request_id") or str(line)
         if name in line_of:
             raise TraceError(path, line, f"duplicate request_id {name!r} (first at line "
@@ -52,14 +55,14 @@ def load_splitwise(path: str, window: tuple[float, float] | None = None) -> Trac
     return fresh.trace(requests, path, "splitwise")
 
 
-def _by_columns(path: str, fresh: FreshIds,
-                window: tuple[float, float] | None = None) -> list[TraceRequest] | None:
+def _by_columns(path: str, fresh: FreshIds, window: tuple[float, float] | None = None,
+                where: RowFilter | None = None) -> list[TraceRequest] | None:
     """The rows read a column at a time (``csv_columns``), or None."""
-    read = columns.timed_counts(path, SPLITWISE_COLUMNS, optional=("request_id", "batch_size"))
+    read = columns.timed_counts(path, SPLITWISE_COLUMNS, ("request_id", "batch_size"), where)
     if read is None:
         return None
-    cells, stamps, inputs, outputs = read
-    lines = range(2, len(stamps) + 2)
+    cells, lines, stamps, inputs, outputs = read
+    lines = lines.tolist()
     given = columns.strings(cells["request_id"]) if "request_id" in cells else [""] * len(lines)
     names = [name or str(line) for name, line in zip(given, lines, strict=True)]
     copies = np.ones(len(names), dtype=np.int64)
