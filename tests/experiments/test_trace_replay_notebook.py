@@ -1,6 +1,7 @@
-"""trace_replay.ipynb executed by papermill: a part of a trace file (a window, a faster
-clock) replayed open loop — the files it writes hold exactly the calls of that part, at
-the times the cut gives them, and its load curve agrees with its own run."""
+"""trace_replay.ipynb executed by papermill: a part of a trace file (the rows of one
+model, a window, a faster clock) replayed open loop — the files it writes hold exactly
+the calls of that part, at the times the cut gives them, and its load curve agrees with
+its own run."""
 
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ import pandas as pd
 import pytest
 from sweep_helpers import TRACE_REPLAY
 
-from labkit.traces import generate_random_trace, write_trace
+from labkit.traces import generate_random_trace
 
 
 def test_a_window_of_a_trace_file_replayed_open_loop(tmp_path):
     import papermill
 
-    load = generate_random_trace(num_prompts=120, request_rate=4.0, input_len=512,
+    load = generate_random_trace(num_prompts=180, request_rate=6.0, input_len=512,
                                  output_len=32, seed=5)
-    path = tmp_path / "load.jsonl"
-    write_trace(load, path)
+    path = tmp_path / "load.csv"  # as BurstGPT: two models, the load's calls
+    path.write_text("Timestamp,Model,Request tokens,Response tokens\n" + "".join(
+        f"{r.timestamp!r},{'GPT-4' if i % 3 else 'ChatGPT'},{r.input_length},"
+        f"{r.output_length}\n" for i, r in enumerate(load.requests)))
     out = tmp_path / "run"
-    params = dict(trace=str(path), window="5:20", speedup=2.0, load_curve="1,4",
+    params = dict(trace=str(path), where="Model=GPT-4", window="5:20", speedup=2.0,
+                  load_curve="1,4",
                   slo="ttft=0.2,tpot=0.02", output_dir=str(out))
     papermill.execute_notebook(str(TRACE_REPLAY), str(tmp_path / "executed.ipynb"),
                                parameters=params, kernel_name="python3", progress_bar=False,
@@ -30,9 +34,9 @@ def test_a_window_of_a_trace_file_replayed_open_loop(tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     requests = pd.read_parquet(out / "requests.parquet")
-    # the calls of the window, each at (t - 5) / 2, all of them served
-    kept = {f"{r.request_id}": (r.timestamp - 5.0) / 2.0 for r in load.requests
-            if 5.0 <= r.timestamp < 20.0}
+    # GPT-4's calls of the window, each at (t - 5) / 2, all of them served
+    kept = {f"bg-{i + 2}": (r.timestamp - 5.0) / 2.0 for i, r in enumerate(load.requests)
+            if i % 3 and 5.0 <= r.timestamp < 20.0}
     assert dict(zip(requests["request_id"], requests["arrival_s"], strict=True)) == \
         pytest.approx(kept)
     assert summary["open_loop"] is True and summary["requests_completed"] == len(kept) > 20

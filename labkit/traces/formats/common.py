@@ -109,9 +109,10 @@ def int_cell(row: dict[str, str], column: str, path: str, line: int) -> int:
     return int(float_cell(row, column, path, line, whole=True))
 
 
-def output_tokens(n: int) -> int:
-    """Output length as replayed: 0 becomes 1 (see the module docstring)."""
-    return max(n, 1)
+def output_tokens(n):
+    """Output length as replayed: 0 becomes 1 (see the module docstring); elementwise
+    on an array."""
+    return np.maximum(n, 1) if isinstance(n, np.ndarray) else max(n, 1)
 
 
 def fresh_blocks(input_length: int, block_size: int) -> int:
@@ -179,7 +180,7 @@ class FreshIds:
         # input_length, output_length, hash_ids, timestamp)
         return [TraceRequest(session or name, name, parent, "main", delay, inp, out, h, t)
                 for name, inp, out, h, t, session, parent, delay in zip(
-                    names, inputs.tolist(), np.maximum(outputs, 1).tolist(), hash_ids,
+                    names, inputs.tolist(), output_tokens(outputs).tolist(), hash_ids,
                     timestamps.tolist(),
                     sessions, parents, delays_s, strict=True)]
 
