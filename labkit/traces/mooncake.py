@@ -40,11 +40,13 @@ MOONCAKE_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
 }
 
 
-def load_mooncake(path: str) -> Trace:
-    """Read a Mooncake JSONL trace (raises TraceError on the first bad line)."""
+def load_mooncake(path: str, where=None) -> Trace:
+    """Read a Mooncake JSONL trace (raises TraceError on the first bad line); ``where``:
+    only the lines it accepts (a `formats.row_filter.RowFilter`)."""
     requests: list[TraceRequest] = []
     stamps: list[int | float] = []
-    for line_no, obj in read_objects(path):
+    lines = read_objects(path)
+    for line_no, obj in lines if where is None else where.kept(lines, path):
         check_fields(obj, MOONCAKE_FIELDS, path, line_no)
         rid = f"mc-{line_no}"
         req = TraceRequest(

@@ -101,7 +101,7 @@ def add_trace_flags(parser) -> None:
     parser.add_argument("--format", choices=["auto", *FORMATS], default="auto",
                         help="the trace file's format (default: told from its first line)")
     group = parser.add_argument_group("a part of the trace (whole sessions, see "
-                                      "labkit.traces.parts; --where: rows of a CSV)")
+                                      "labkit.traces.parts; --where: rows, row_filter)")
     group.add_argument("--window", metavar="START:END",
                        help="sessions starting in this span of trace seconds (3600:7200, "
                             "3600:, :600), moved to start at 0")
@@ -112,9 +112,9 @@ def add_trace_flags(parser) -> None:
     group.add_argument("--sample-seed", type=int, default=0, metavar="N",
                        help="seed of --sample-sessions (default 0)")
     group.add_argument("--where", action="append", metavar="CONDITION",
-                       help="CSV traces: only the rows meeting it, e.g. 'Model=GPT-4' or "
-                            "'Response tokens>0' (=, !=, >, >=, <, <=; repeat it: all must "
-                            "hold)")
+                       help="only the rows meeting it (CSV, Mooncake, Bailian traces), e.g. "
+                            "'Model=GPT-4', 'Response tokens>0', 'type=text' (=, !=, >, >=, "
+                            "<, <=; repeat it: all must hold)")
 
 
 def selection_from_args(args) -> dict | None:

@@ -113,7 +113,7 @@ def test_the_command_prints_and_writes_the_tables(tmp_path, trace, planned, caps
     (["--concurrency", "8,x"], "--concurrency '8,x': give integers"),
     (["--gpu-hour-usd", "-2"], "gpu_hour_usd=-2.0 must be a finite price >= 0"),
     (["--window", "5"], "--window '5': give START:END"),
-    (["--where", "Model=x"], "--where picks rows of the CSV traces"),
+    (["--where", "Model=x"], "--where picks rows of the traces whose calls are flat rows"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, extra, message):
     argv = ["plan", "--trace", SMALL_TRACE, "--model", MODEL,

@@ -113,7 +113,8 @@ def test_pd_commands_write_the_tables(tmp_path, capsys):
     (["profile"], ["at least one"]),
     (["profile", "--decode-layouts", "tp1", "--warmup-s", "9"], ["warmup_s=9", "duration_s"]),
     (["profile", "--decode-layouts", "tp1", "--where", "Model"], ["--where 'Model'"]),
-    (["profile", "--decode-layouts", "tp1", "--where", "Model=x"], ["CSV traces"]),
+    (["profile", "--decode-layouts", "tp1", "--where", "Model=x"],
+     ["flat rows", "is a labkit trace"]),
 ])
 def test_bad_pd_input_exits_2_before_running(tmp_path, capsys, argv, words):
     path = tmp_path / "t.jsonl"

@@ -4,6 +4,7 @@ trace by columns and by rows, sessions chained over the kept rows, errors named.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import random
@@ -161,13 +162,61 @@ def test_bad_filters_are_named(tmp_path, where, error, words):
             assert word in str(caught.value)
 
 
-def test_only_csv_traces_take_a_filter(tmp_path):
+BAILIAN = [  # (chat_id, parent, time, type, turn, ids): two conversations
+    (1, -1, 0.5, "text", 1, [1, 2, 3]), (2, 1, 2.0, "image", 2, [1, 2, 3, 4, 5]),
+    (3, 2, 3.0, "text", 3, [1, 2, 3, 4, 5, 6, 7]), (4, -1, 3.5, "search", 1, [30, 31]),
+    (5, 4, 6.0, "text", 2, [30, 31, 32]), (6, 5, 9.0, "text", 3, [30, 31, 32, 33])]
+
+
+def _bailian_line(chat, parent, t, kind, turn, ids) -> str:
+    return json.dumps({"chat_id": chat, "parent_chat_id": parent, "timestamp": t,
+                       "input_length": 16 * len(ids) - 3, "output_length": 7, "type": kind,
+                       "turn": turn, "hash_ids": ids}) + "\n"
+
+
+@pytest.mark.parametrize("where, kept", [
+    ("type=text", [1, 3, 5, 6]), ("type!=text", [2, 4]), (["turn>=2", "turn<3"], [2, 5]),
+    ("parent_chat_id=-1", [1, 4]), ("timestamp>3", [4, 5, 6]), ("turn=3.0", [3, 6])])
+def test_a_filtered_json_trace_is_the_file_of_its_kept_lines(tmp_path, where, kept):
+    """Bailian: as if the file held only the kept turns (a turn whose parent is dropped
+    starts a conversation); Mooncake likewise, lines renamed aside."""
+    whole, part = tmp_path / "all.jsonl", tmp_path / "part.jsonl"
+    whole.write_text("".join(_bailian_line(*row) for row in BAILIAN))
+    part.write_text("".join(_bailian_line(*row) for row in BAILIAN if row[0] in kept))
+    assert load_trace(whole, where=where).requests == load_trace(part).requests
+    # Mooncake: the same calls as its lines, and a filter on its fields
+    def mooncake(rows) -> str:
+        return "".join(json.dumps({"timestamp": int(t * 1000), "input_length": 512 * len(ids)
+                                   - 3, "output_length": 7 + chat, "hash_ids": ids}) + "\n"
+                       for chat, _, t, _, _, ids in rows)
+
+    cut = ["timestamp>=1000", "input_length>1100"]
+    whole.write_text(mooncake(BAILIAN))
+    part.write_text(mooncake([r for r in BAILIAN if r[2] >= 1 and 512 * len(r[5]) - 3 > 1100]))
+    assert [dataclasses.replace(r, request_id="", session_id="")
+            for r in load_trace(whole, where=cut).requests] == \
+        [dataclasses.replace(r, request_id="", session_id="")
+         for r in load_trace(part).requests]
+    assert [r.request_id for r in load_trace(whole, where=cut).requests] == \
+        ["mc-2", "mc-3", "mc-5", "mc-6"]  # (the names of their lines in the whole file)
+
+
+def test_json_filters_name_what_they_cannot_read(tmp_path):
     from labkit.traces import generate_random_trace, write_trace
 
-    path = tmp_path / "t.jsonl"
-    write_trace(generate_random_trace(num_prompts=3, seed=0), path)
-    with pytest.raises(ConfigError, match="CSV traces .*is a labkit trace"):
-        load_trace(path, where="input_length>3")
+    path = tmp_path / "bl.jsonl"
+    path.write_text("".join(_bailian_line(*row) for row in BAILIAN))
+    for where, words in [("typ=text", [":1:", "no field 'typ'", "'type', 'turn'"]),
+                         ("type>2", [":1:", "'type': 'text' is not a number"]),
+                         ("type=video", ["none of the 6 rows"])]:
+        with pytest.raises((TraceError, ConfigError)) as caught:
+            load_trace(path, where=where)
+        for word in words:
+            assert word in str(caught.value)
+    labkit = tmp_path / "t.jsonl"  # sessions hang together: no filter
+    write_trace(generate_random_trace(num_prompts=3, seed=0), labkit)
+    with pytest.raises(ConfigError, match="flat rows .*is a labkit trace"):
+        load_trace(labkit, where="input_length>3")
 
 
 def test_the_commands_take_the_filter(tmp_path, capsys):

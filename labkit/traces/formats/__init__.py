@@ -39,6 +39,7 @@ LOADERS = {"labkit": load_labkit, "mooncake": load_mooncake, "bailian": load_bai
            "splitwise": load_splitwise}
 FORMATS = tuple(LOADERS)
 CSV_FORMATS = ("azure", "burstgpt", "splitwise")  # loaders that take `window` and `where`
+FILTERED = (*CSV_FORMATS, "mooncake", "bailian")  # loaders that take `where`: flat rows
 
 
 def load(path: str | os.PathLike, format: str = "auto",
@@ -47,8 +48,9 @@ def load(path: str | os.PathLike, format: str = "auto",
     caller will keep only the sessions starting in it (``parts.select``), so a loader
     may leave the others out (the CSV formats do, where read a column at a time: an
     hour of a months-long file without a request object for every row). ``where``:
-    conditions on a CSV trace's cells (``"Model=GPT-4"``, or a list of them, all to be
-    met): the file read as if it held only the rows meeting them (``row_filter.py``).
+    conditions on a row's values (a CSV trace's cells, a Mooncake or Bailian line's
+    fields: ``"Model=GPT-4"``, ``"type=text"``, or a list of them, all to be met): the
+    file read as if it held only the rows meeting them (``row_filter.py``).
     """
     path = os.fspath(path)
     if format not in ("auto", *FORMATS):
@@ -57,9 +59,11 @@ def load(path: str | os.PathLike, format: str = "auto",
     with collector_paused():  # (objects by the million, no cycles: `collector.py`)
         if format == "auto":
             format = detect_format(path, FORMATS)
-        if format not in CSV_FORMATS:
-            if rows is not None:
-                raise ConfigError(f"--where picks rows of the CSV traces "
-                                  f"({', '.join(CSV_FORMATS)}); {path} is a {format} trace")
+        if format in CSV_FORMATS:
+            return LOADERS[format](path, window=window, where=rows)
+        if rows is None:
             return LOADERS[format](path)
-        return LOADERS[format](path, window=window, where=rows)
+        if format not in FILTERED:
+            raise ConfigError(f"--where picks rows of the traces whose calls are flat rows "
+                              f"({', '.join(FILTERED)}); {path} is a {format} trace")
+        return LOADERS[format](path, where=rows)

@@ -12,7 +12,8 @@ Alibaba published two hours of anonymised requests to one Qwen serving instance
 * ``hash_ids`` has one id per **16-token** block of the whole prompt (a follow-up
   turn's prompt includes the history), equal ids = equal content (a row without
   them gets fresh ids: no reuse is invented);
-* ``type`` is text / search / image / file (not kept: an engine serves them alike).
+* ``type`` is text / search / image / file (not kept: an engine serves them alike;
+  ``where="type=text"`` reads the text turns alone).
 
 How we load it. Following parent links from a turn back to its root gives its
 conversation: one labkit session ``bl-<root chat_id>``, each turn a main call
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from labkit.traces.formats.common import (
     compact_ids, fresh_blocks, needs_compacting, output_tokens)
+from labkit.traces.formats.row_filter import RowFilter
 from labkit.traces.jsonl import FieldSpec, check_fields, id_array, read_objects
 from labkit.traces.schema import Trace, TraceRequest
 from labkit.traces.streams import IdMinter
@@ -53,11 +55,14 @@ BAILIAN_FIELDS: FieldSpec = {  # name: (JSON type, required, nullable)
 }
 
 
-def load_bailian(path: str) -> Trace:
-    """Read a Qwen-Bailian JSONL trace (TraceError names the first bad line)."""
+def load_bailian(path: str, where: RowFilter | None = None) -> Trace:
+    """Read a Qwen-Bailian JSONL trace (TraceError names the first bad line); ``where``:
+    only the lines it accepts (`row_filter.py`: a turn whose parent it drops starts a
+    conversation of its own, as one whose parent is outside the file)."""
     rows: list[tuple[int, dict]] = []
     line_of: dict[int, int] = {}
-    for line, obj in read_objects(path):
+    lines = read_objects(path)
+    for line, obj in lines if where is None else where.kept(lines, path):
         check_fields(obj, BAILIAN_FIELDS, path, line)
         chat = obj["chat_id"]
         if chat == ROOT or chat == obj.get("parent_chat_id", ROOT):

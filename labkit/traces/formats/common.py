@@ -51,11 +51,8 @@ def csv_rows(path: str, required: tuple[str, ...], format_name: str,
     with open_text(path) as f:
         reader = csv.reader(f)
         try:
-            for line, row in _rows(reader, required, format_name, path, where):
-                if where is None or where.accepts(row, path, line):
-                    yield line, row
-            if where is not None and where.seen and not where.kept:
-                raise where.nothing_kept(path)
+            rows = _rows(reader, required, format_name, path, where)
+            yield from rows if where is None else where.kept(rows, path)
         except csv.Error as e:  # (the line being parsed)
             raise TraceError(path, max(reader.line_num, 1), f"unreadable CSV ({e})") from None
         except UnicodeDecodeError:  # (text is decoded a buffer at a time: find the line)
@@ -79,7 +76,6 @@ def _rows(reader, required: tuple[str, ...], format_name: str, path: str, where)
                                   f"{', '.join(map(repr, columns))}")
     if where is not None:
         where.missing(columns, path)
-        where.seen = where.kept = 0
     for cells in reader:
         line = reader.line_num
         if not any(c.strip() for c in cells):

@@ -1,26 +1,32 @@
-"""Rows of a CSV trace chosen by their cells: ``--where "Model=GPT-4"``.
+"""Rows of a trace chosen by their values: ``--where "Model=GPT-4"``.
 
-The token-count traces mix traffic a study often wants apart: BurstGPT logs ChatGPT
-and GPT-4 calls, conversations and API calls, and failed requests (``Response
-tokens`` 0) side by side; vLLM's BurstGPT loader keeps ``Model == "GPT-4"`` with
-``Response tokens > 0``. A filter is a list of conditions, all of which a row must
-meet, each ``COLUMN OP VALUE``:
+Published traces mix traffic a study often wants apart: BurstGPT logs ChatGPT and
+GPT-4 calls, conversations and API calls, and failed requests (``Response tokens`` 0)
+side by side -- vLLM's BurstGPT loader keeps ``Model == "GPT-4"`` with ``Response
+tokens > 0``; Qwen-Bailian tags each turn text, search, image or file. A filter is a
+list of conditions, all of which a row must meet, each ``NAME OP VALUE`` on a CSV
+column or a JSON line's field:
 
-* ``=`` (or ``==``) and ``!=``: the cell equals VALUE (stripped text), or -- where
-  VALUE is a number -- the cell is a number equal to it (``0`` matches ``0.0``);
-* ``>``, ``>=``, ``<``, ``<=``: VALUE must be a number, and so must the cell.
+* ``=`` (or ``==``) and ``!=``: the value equals VALUE as text (a CSV cell stripped, a
+  JSON string as it is, any other JSON value as JSON spells it), or -- where VALUE is a
+  number -- the value is a number equal to it (``0`` matches ``0.0``);
+* ``>``, ``>=``, ``<``, ``<=``: VALUE must be a number, and so must the value.
 
 A filtered file is read **as if it held only the rows that match**: the others are
 not checked, make no request and count for nothing (Azure's clock starts at the first
-kept row; a BurstGPT session chains its kept rows). Kept rows keep their names (the
-file line). Conditions are tried in order and stop at the first a row fails, so a
-numeric condition after ``Model=GPT-4`` never reads the cells of other models' rows.
-A cell a numeric condition reads that is not a number is a TraceError naming its line;
-a column the header lacks one naming the header's columns; a filter no row meets a
-ConfigError. Only the CSV formats (their rows are flat) take a filter.
+kept row; a BurstGPT session chains its kept rows; a Bailian turn whose parent is
+dropped starts a conversation, as one whose parent is outside the file does). Kept
+rows keep their names (the file line, the chat id). Conditions are tried in order and
+stop at the first a row fails, so a numeric condition after ``Model=GPT-4`` never reads
+other models' rows. A value a numeric condition cannot read is a TraceError naming
+its line, and so is a name the CSV header (or a JSON line) lacks; a filter no row
+meets is a ConfigError. The formats whose calls are flat rows take a filter (the CSV
+ones, Mooncake, Bailian); labkit and AgentX files, whose calls hang together in
+sessions and trace objects, do not.
 """
 from __future__ import annotations
 
+import json
 import math
 import operator
 from dataclasses import dataclass
@@ -71,20 +77,22 @@ def parse_condition(text: str) -> Condition:
     return Condition(column, "=" if op == "==" else op, value, number)
 
 
-def _number(text: str) -> float | None:
+def _number(text) -> float | None:
+    """A finite number from a cell's text (or a JSON number), or None."""
     try:
         value = float(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
     return value if math.isfinite(value) else None
 
 
+
 class RowFilter:
-    """The conditions of one load, and what they kept (``seen`` rows, ``kept``)."""
+    """The conditions of one load, and what they kept (``seen`` rows, ``kept_rows``)."""
 
     def __init__(self, conditions: list[Condition]) -> None:
         self.conditions = conditions
-        self.seen = self.kept = 0
+        self.seen = self.kept_rows = 0
 
     @classmethod
     def parse(cls, where) -> RowFilter | None:
@@ -108,20 +116,38 @@ class RowFilter:
             raise TraceError(path, 1, f"--where names column(s) {', '.join(map(repr, absent))}"
                                       f"; the header has {', '.join(map(repr, header))}")
 
-    def accepts(self, row: dict[str, str], path: str, line: int) -> bool:
-        """Does this row (stripped cells, file line) meet every condition? (The row
-        reader's way; TraceError for a cell a numeric condition cannot read.)"""
+    def kept(self, rows, path: str):
+        """The ``(line, row)`` pairs of ``rows`` that meet every condition; then, if
+        there were rows and none did, the ConfigError saying so."""
+        self.seen = self.kept_rows = 0
+        for line, row in rows:
+            if self.accepts(row, path, line):
+                yield line, row
+        if self.seen and not self.kept_rows:
+            raise self.nothing_kept(path)
+
+    def accepts(self, row: dict, path: str, line: int) -> bool:
+        """Does this row meet every condition? Its values are a CSV row's stripped
+        cells, or a JSON line's values (text conditions read a non-string as its JSON
+        spelling). TraceError for a value a numeric condition cannot read, or a JSON
+        line without the field."""
         self.seen += 1
         for c in self.conditions:
-            text = cell = row[c.column]
+            if c.column not in row:  # (a CSV header lacking it is refused first)
+                raise TraceError(path, line, f"no field {c.column!r} (--where {str(c)!r}); "
+                                             f"the line has {', '.join(map(repr, row))}")
+            value = row[c.column]
             if c.number is not None:
-                cell = _number(text)
+                cell = None if isinstance(value, bool) or not isinstance(
+                    value, (str, int, float)) else _number(value)
                 if cell is None:
-                    raise TraceError(path, line, f"column {c.column!r}: {text!r} is not a "
-                                                 f"number (--where {str(c)!r})")
+                    raise TraceError(path, line, f"{c.column!r}: {value!r} is not a number "
+                                                 f"(--where {str(c)!r})")
+            else:
+                cell = value if isinstance(value, str) else json.dumps(value)
             if not c.holds(cell):
                 return False
-        self.kept += 1
+        self.kept_rows += 1
         return True
 
     def mask(self, cells: dict[str, list[str]]) -> np.ndarray | None:
@@ -143,7 +169,7 @@ class RowFilter:
                     return None
                 values = np.array(numbers, dtype=np.float64)
             alive[rows[~c.holds(values)]] = False
-        self.seen, self.kept = n, int(alive.sum())
+        self.seen, self.kept_rows = n, int(alive.sum())
         return alive
 
     def nothing_kept(self, path: str) -> ConfigError:
