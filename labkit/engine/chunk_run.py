@@ -23,7 +23,9 @@ it in, the request sitting the steps before out: `join`) and no other request's
 either (a deferred chunk would then be listed elsewhere among the step's requests),
 chunked prefill on, the rank not marked saturated (`prefill_capacity_bound`), and its
 prompt not ending in its last output (a request that finishes with its first token
-ends the run at once instead).
+ends the run at once instead). A request recomputing its stream after a preemption is
+planned up to the step that would leave it one token: the scheduler decodes that one
+(`_decodes_from`).
 Sliding windows, state snapshots, offload write-through and P/D prefill ranks are
 left to single steps, and so is everything while someone listens to `StepStarted`
 (a run's event names its requests, not the steps that compute their chunks, which
@@ -87,7 +89,7 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
         sizes, before, last, after = chunk
         if req.kv_ready_s:  # landed (or lands when it joins)
             lands.append(i)
-        steps = min(steps, at + after)
+        steps = min(steps, at + after, at + _decodes_from(req, before, last))
         busy = max(busy, at + last + 1)  # (step at + last ends its prompt)
         done[i] = _prompt_row(held[i], new[i], prefill[i], cum, at, sizes, before, last,
                               req.num_computed_tokens, req.num_pending_tokens,
@@ -99,6 +101,19 @@ def plan_tokens(pairs, rank_of: list, step_index: int, cum: np.ndarray, config,
     k, finishes, leaving = _run_end(done, steps, leave, busy)
     return RunTokens(held[:, : k + 1], _sit_out(new[:, :k], leaving), prefill[:, :k], k,
                      finishes, tuple(lands), land_step if lands else 0, leaving)
+
+
+def _decodes_from(req, before: np.ndarray, last: int) -> int:
+    """The step (from the request's first in the run) where a request recomputing its
+    stream after a preemption has one token left: the scheduler runs that step's entry
+    as a decode (`Request.is_decoding`: it has output tokens), not as a one-token chunk,
+    so the run must end before it (a chunk plan has no such row); past every step
+    planned (`len(before)`) if none. A prompt not yet answered keeps its one-token last
+    chunk a prefill chunk."""
+    if req.num_output_tokens == 0:
+        return len(before)
+    one = (req.num_pending_tokens - before[: last + 1] == 1).nonzero()[0]
+    return int(one[0]) if len(one) else len(before)
 
 
 def _run_end(done: np.ndarray, steps: int, leave: bool, busy: int = 0):

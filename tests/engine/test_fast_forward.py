@@ -347,3 +347,22 @@ def test_the_run_ends_where_a_request_would_find_its_rank_short_before_a_slide()
     assert results[0].summary["preemptions"] > 0
     pd.testing.assert_frame_equal(results[1].requests, results[0].requests, check_exact=True)
     pd.testing.assert_frame_equal(results[1].steps, results[0].steps, check_exact=True)
+
+
+def test_a_resumed_requests_last_pending_token_decodes():
+    """A request preempted after answering recomputes its stream in chunks; where they
+    leave it one token to compute, the scheduler runs that as a decode (it has output
+    tokens), not as a one-token prompt chunk, and a run's chunk plan must stop before
+    it. Found by the paths fuzzer (seed 3301, case 85): the fast path priced a 1-token
+    prefill chunk where step by step priced a decode."""
+    from tests.fuzz_paths import check_case
+
+    case = {"pd": False, "model": "qwen3-14b", "watch": [],
+            "knobs": {"hardware": "h100", "long_prefill_token_threshold": 64,
+                      "max_num_seqs": 8, "num_gpu_blocks_override": 800,
+                      "kv_cache_dtype": "fp8", "seed": 7, "max_model_len": 8192,
+                      "layout": "dp2"},
+            "trace": ("agentx", {"sessions": 5, "seed": 257360, "block_size": 64}),
+            "replay": {"concurrency": 16, "start_part_way": False, "duration_s": 10,
+                       "max_idle_s": 2.0, "warmup_s": 5.0, "on_oversize": "skip"}}
+    assert check_case(case, "step") == []
