@@ -143,8 +143,8 @@ def test_azure_clock_starts_at_the_first_kept_row_and_splitwise_copies(tmp_path)
 
 
 @pytest.mark.parametrize("where, error, words", [
-    ("Model", ConfigError, ["no comparison", "COLUMN=VALUE"]),
-    ("=GPT-4", ConfigError, ["a column and a value"]),
+    ("Model", ConfigError, ["no comparison", "NAME=VALUE"]),
+    ("=GPT-4", ConfigError, ["a name and a value"]),
     ("Response tokens>many", ConfigError, ["> compares numbers", "'many'"]),
     ("Modell=GPT-4", TraceError, [":1:", "'Modell'", "the header has 'Timestamp'"]),
     ("Model=Claude", ConfigError, ["none of the 3 rows", "'Model=Claude'"]),

@@ -36,9 +36,9 @@ import numpy as np
 from labkit.errors import ConfigError
 from labkit.traces.validate import TraceError
 
-# longest first, so that ">=" is not read as ">" followed by "=VALUE"
+# the first in the text, the longest of those starting there (">=" is not ">" then "=5")
 OPERATORS = ("==", "!=", ">=", "<=", "=", ">", "<")
-USAGE = "give COLUMN=VALUE, COLUMN!=VALUE or COLUMN>NUMBER (also >=, <, <=)"
+USAGE = "give NAME=VALUE, NAME!=VALUE or NAME>NUMBER (also >=, <, <=), NAME a column or field"
 # (elementwise on arrays, plain on one cell)
 _COMPARE = {"=": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge,
             "<": operator.lt, "<=": operator.le}
@@ -70,7 +70,7 @@ def parse_condition(text: str) -> Condition:
     start, _, op = at
     column, value = text[:start].strip(), text[start + len(op):].strip()
     if not column or not value:
-        raise ConfigError(f"--where {text!r}: a column and a value are needed; {USAGE}")
+        raise ConfigError(f"--where {text!r}: a name and a value are needed; {USAGE}")
     number = _number(value)
     if op in (">", ">=", "<", "<=") and number is None:
         raise ConfigError(f"--where {text!r}: {op} compares numbers, and {value!r} is not one")
@@ -84,7 +84,6 @@ def _number(text) -> float | None:
     except (ValueError, OverflowError):
         return None
     return value if math.isfinite(value) else None
-
 
 
 class RowFilter:
