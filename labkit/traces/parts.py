@@ -174,9 +174,17 @@ def changes_load(args) -> bool:
 
 def load_selected(path, args) -> Trace:
     """``load_trace(path, args.format, args.where)`` cut as the flags say (they are
-    checked first; a CSV loader leaves out what the window will, `formats.load`)."""
+    checked first; a CSV loader leaves out what the window will, `formats.load`); with
+    ``--where``, how many rows it kept, on stderr."""
+    import sys
+
     from labkit.traces.formats import load
+    from labkit.traces.formats.row_filter import RowFilter
 
     knobs = selection_from_args(args)
-    trace = load(path, args.format, window=knobs["window"] if knobs else None, where=args.where)
+    rows = RowFilter.parse(args.where)
+    trace = load(path, args.format, window=knobs["window"] if knobs else None, where=rows)
+    if rows is not None:  # (on stderr: what stdout prints, --json included, stays as it is)
+        print(f"--where {rows}: {rows.kept_rows:,} of the {rows.seen:,} rows kept",
+              file=sys.stderr)
     return trace if knobs is None else select(trace, **knobs)

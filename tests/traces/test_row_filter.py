@@ -226,7 +226,10 @@ def test_the_commands_take_the_filter(tmp_path, capsys):
     vllm = ["Model=GPT-4", "Response tokens>0"]
     flags = [part for c in vllm for part in ("--where", c)]
     assert main(["trace", "stats", str(path), "--json", *flags]) == 0
-    assert json.loads(capsys.readouterr().out)["requests"] == len(_pandas_keeps(text, vllm))
+    printed, kept = capsys.readouterr(), len(_pandas_keeps(text, vllm))
+    assert json.loads(printed.out)["requests"] == kept
+    assert f"--where 'Model=GPT-4' and 'Response tokens>0': {kept} of the 200 rows kept" \
+        in printed.err
     assert main(["trace", "convert", str(path), str(out), *flags, "--window", "10:"]) == 0
     part = load_trace(out)
     assert [r.request_id for r in part.requests] == [

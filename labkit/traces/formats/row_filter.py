@@ -95,9 +95,10 @@ class RowFilter:
 
     @classmethod
     def parse(cls, where) -> RowFilter | None:
-        """From a condition's text or a list of them (None or empty: no filter)."""
-        if where is None:
-            return None
+        """From a condition's text or a list of them (None or empty: no filter; a
+        RowFilter: itself)."""
+        if where is None or isinstance(where, RowFilter):
+            return where
         texts = [where] if isinstance(where, str) else list(where)
         return cls([parse_condition(t) for t in texts]) if texts else None
 
