@@ -413,9 +413,9 @@ class Instance:
 def _finishes(batch, accepted: int, tokens: dict | None = None) -> bool:
     for req, n, ctx, decode in zip(batch.requests, batch.num_new_tokens, batch.contexts,
                                    batch.is_decode):
-        remaining = req.remaining_output_tokens
-        gained = min(accepted, n)  # a decode cut by the budget verifies fewer drafts
-        if tokens is not None and req.request_id in tokens:
+        remaining = req.max_output_tokens - req.num_output_tokens
+        gained = accepted if accepted < n else n  # a decode cut by the budget verifies
+        if tokens is not None and req.request_id in tokens:  # fewer drafts
             gained = len(tokens[req.request_id])
         if decode and gained >= remaining:
             return True

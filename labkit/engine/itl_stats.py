@@ -29,11 +29,12 @@ class TokenGaps:
     (`append`) and runs of them (`extend`; an array is kept as it is, so it must not
     change afterwards — a run's gaps are read-only)."""
 
-    __slots__ = ("_pieces", "_n")
+    __slots__ = ("_pieces", "_n", "_runs")
 
     def __init__(self) -> None:
         self._pieces: list = []  # floats and arrays of floats, in order
         self._n = 0
+        self._runs = 0  # how many of the pieces are arrays
 
     def append(self, gap: float) -> None:
         self._pieces.append(gap)
@@ -44,6 +45,7 @@ class TokenGaps:
         if len(gaps):
             self._pieces.append(gaps)
             self._n += len(gaps)
+            self._runs += 1
 
     def __len__(self) -> int:
         return self._n
@@ -56,6 +58,9 @@ class TokenGaps:
 
     def lay_out(self, out: np.ndarray, at: int) -> int:
         """Write the gaps into `out` from index `at`; returns where they end."""
+        if not self._runs:  # single gaps alone (a request that ran step by step)
+            out[at : at + self._n] = self._pieces
+            return at + self._n
         for p in self._pieces:
             if isinstance(p, np.ndarray):
                 out[at : at + len(p)] = p

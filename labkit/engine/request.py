@@ -100,7 +100,8 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """Only the last sampled token lacks KV: next step verifies drafts."""
-        return self.num_output_tokens > 0 and self.num_tokens - self.num_computed_tokens == 1
+        return self.num_output_tokens > 0 and \
+            self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens == 1
 
     @property
     def remaining_output_tokens(self) -> int:

@@ -251,24 +251,28 @@ class Scheduler:
     def _schedule_running(self, batch: RankBatch, budget: int, defer: bool) -> int:
         """Running requests in order, preempting for KV as needed; returns the budget
         left."""
-        cfg = self.config
+        cfg, kv, running = self.config, self.kv, self.running
         threshold = cfg.long_prefill_token_threshold
+        per_decode = cfg.tokens_per_decode_step
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if self.on_the_wire(req):  # its prefix KV is still on the wire
-                i += 1
-                continue
-            if req.kv_ready_s:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if req.kv_ready_s:  # its prefix KV is (or was) being copied in
+                if self.on_the_wire(req):  # still on the wire
+                    i += 1
+                    continue
                 req.kv_ready_s = 0.0
-                self.kv.cache_full_blocks(req, starting=True)  # the copied prefix arrived
+                kv.cache_full_blocks(req, starting=True)  # the copied prefix arrived
             if defer and _computes_prefill(req):
                 i += 1
                 continue
             decode = req.is_decoding
-            n = cfg.tokens_per_decode_step if decode else req.num_pending_tokens
-            n = min(n, threshold or n, budget)  # vLLM caps verify steps by it too
-            while not self.kv.allocate(req, n):
+            n = per_decode if decode else req.num_pending_tokens
+            if 0 < threshold < n:  # vLLM caps verify steps by it too
+                n = threshold
+            if budget < n:
+                n = budget
+            while not kv.allocate(req, n):
                 victim = self._pick_victim()
                 if victim is not req and victim in batch.requests:
                     budget += batch.remove(victim)  # un-schedule it (priority policy)
@@ -380,14 +384,19 @@ class Scheduler:
         decode entry's verified tokens; one sampled token for a prompt's last chunk).
         Capped by what a request may still generate. Returns the finished requests."""
         finished = []
+        cache_full_blocks = self.kv.cache_full_blocks
+        produced = None  # (simulated: no token ids)
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
-            req.pending_copies.clear()
-            produced = tokens.get(req.request_id) if tokens is not None else None
+            if req.pending_copies:
+                req.pending_copies.clear()
+            if tokens is not None:
+                produced = tokens.get(req.request_id)
             if decode:
                 a = min(accepted if produced is None else len(produced), n,
-                        req.remaining_output_tokens)
+                        req.max_output_tokens - req.num_output_tokens)
                 req.num_computed_tokens += a
-                self._record(req, produced, a)
+                if produced is not None:
+                    self._record(req, produced, a)
                 req.emit(a, t_end)
             else:
                 if req.num_computed_tokens < req.num_prompt_tokens:
@@ -398,8 +407,8 @@ class Scheduler:
                     self._record(req, produced, 1)
                     if req.emit(1, t_end) and self.events.wants(FirstToken):
                         self.events.emit(FirstToken(t_end, req.request_id, self.rank))
-            self.kv.cache_full_blocks(req)
-            if req.remaining_output_tokens <= 0:
+            cache_full_blocks(req)
+            if req.num_output_tokens >= req.max_output_tokens:  # nothing left to generate
                 finished.append(req)
         for req in finished:
             self.finish(req, t_end)

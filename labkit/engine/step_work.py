@@ -61,21 +61,25 @@ class StepWork:
         cols = np.zeros((8, len(batches)), dtype=np.int64)
         chunk_rank, chunk_new, chunk_ctx = [], [], []
         for r, batch in enumerate(batches):
+            if not batch.requests:
+                continue
+            # (Python integers, summed a rank at a time: a step of hundreds of requests)
+            p_tok = d_tok = p_reqs = p_pairs = d_pairs = d_ctx = 0
             for n, ctx, decode in zip(batch.num_new_tokens, batch.contexts, batch.is_decode):
-                pairs = n * ctx + n * (n + 1) // 2
                 if decode:
-                    cols[1, r] += n
-                    cols[3, r] += 1
-                    cols[6, r] += pairs
-                    cols[7, r] += ctx
+                    d_tok += n
+                    d_pairs += n * ctx + n * (n + 1) // 2
+                    d_ctx += ctx
                 else:
-                    cols[0, r] += n
-                    cols[2, r] += 1
-                    cols[5, r] += pairs
+                    p_tok += n
+                    p_reqs += 1
+                    p_pairs += n * ctx + n * (n + 1) // 2
                     chunk_rank.append(r)
                     chunk_new.append(n)
                     chunk_ctx.append(ctx)
-                cols[4, r] += ctx + n
+            d_reqs = len(batch.requests) - p_reqs
+            kv_read = sum(batch.contexts) + p_tok + d_tok
+            cols[:, r] = (p_tok, d_tok, p_reqs, d_reqs, kv_read, p_pairs, d_pairs, d_ctx)
         idle = (cols[2] + cols[3]) == 0
         chunks = (np.array(chunk_rank, dtype=np.int64), np.array(chunk_new, dtype=np.int64),
                   np.array(chunk_ctx, dtype=np.int64), np.zeros(len(chunk_rank), np.int64))

@@ -29,6 +29,7 @@ from labkit.engine import small_pages
 
 DIRECT_KEYS = 1 << 27  # keys below this are array-indexed (<= 512 MiB, mostly unmapped)
 FIRST_KEYS = 1 << 12  # the array's first size: small engines stay small
+FEW_KEYS = 8  # claimed one by one in Python
 
 
 class KeyIndex:
@@ -117,6 +118,12 @@ class KeyIndex:
         None when every key went to its own block (the usual case: a request's new
         blocks), else each key's holder afterwards. The blocks are distinct."""
         keys = np.asarray(keys, dtype=np.int64)
+        if len(keys) <= FEW_KEYS:  # (a decode's new block: numpy calls would cost more)
+            listed = keys.tolist()
+            if all(key < 0 or key >= DIRECT_KEYS for key in listed):  # dict keys alone
+                blocks = np.asarray(blocks).tolist()
+                holders = list(map(self._other.setdefault, listed, blocks))
+                return None if holders == blocks else np.array(holders, dtype=np.int64)
         if not self._split(keys).all():
             self._grow(keys)
             inside = self._split(keys)

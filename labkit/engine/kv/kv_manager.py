@@ -238,9 +238,14 @@ class KVManager:
         matters to sliding-window layers). Returns False, changing nothing, if the
         pool is short.
         """
+        table = self.tables.get(req.request_id)
+        if table is not None and self.window is None:  # the common case, a running request:
+            computed = req.num_computed_tokens  # room in its last block, which is its own
+            if computed + num_new_tokens <= table.n * self.block_size and \
+                    not self._needs_copy(table, computed):
+                return True
         if self._blocks_to_take(req, num_new_tokens, match, copied) > self.pool.num_free:
             return False
-        table = self.tables.get(req.request_id)
         if table is None:
             computed = match.num_tokens
             end = computed + (num_new_tokens if copied else 0)
@@ -345,8 +350,9 @@ class KVManager:
         a step starts instead (a prefix copied in has arrived): the tiers order the
         writes of one time by it, a step's ends before the next step's starts."""
         table = self.tables.get(req.request_id)
-        if table is None or req.keys is None or not self.pool.enable_caching:
-            return
+        if table is None or req.keys is None or not self.pool.enable_caching or \
+                req.num_computed_tokens // self.block_size <= table.num_written:
+            return  # (nothing newly full: most steps of a decode)
         full = self._full_blocks(req, table, req.num_computed_tokens)
         if full <= table.num_written:
             return
