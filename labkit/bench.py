@@ -19,7 +19,9 @@ prints, for each claim, the model's numbers and a verdict read off them (see
     step by step, fast-forwarded without the step model's memo, and with both
     (`bench_sim.py`: the speed-ups over step by step, and that all agree), then
     deepseek-v3 sessions started part-way (AgentX's warm start);
-(c) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
+(c) times real time of a saturated open-loop load, vLLM's random dataset at 16 requests/s
+    on llama-3.1-8b tp1 (~250 requests in every step: the cost per running request);
+(d) the cost of a turn's prefix lookup at 1M tokens of context against 10K, for the
     same new tokens. Lookup must follow the new tokens, not the context: ratio ~1.
 
 `labkit bench sim --breakdown` instead replays the fast workload of (b) once and splits
@@ -117,7 +119,7 @@ def _replay_speed(label: str, engine, trace, **replay_kw) -> dict:
 
 def bench_sim(quick: bool = False, duration_s: float | None = None, repeat: int = 1) -> None:
     from labkit import Engine, generate_agentx_trace, load_trace, trace_stats
-    from labkit.bench_sim import bench_sim_speed
+    from labkit.bench_sim import bench_open_loop, bench_sim_speed
 
     print("labkit bench sim — simulated seconds per wall second (one run each)")
     data = shared_data_dir()
@@ -143,7 +145,10 @@ def bench_sim(quick: bool = False, duration_s: float | None = None, repeat: int 
     _replay_speed("deepseek-v3 dep16, part-way start", engine, generate_agentx_trace(160, seed=0),
                   concurrency=64, duration_s=duration, start_part_way=True)
 
-    print("(c) prefix lookup of one turn (same 4,096 new tokens), block size 64")
+    print("(c) a saturated open-loop load (vLLM's random dataset): CPU time of this process")
+    bench_open_loop(500 if quick else 2000, repeat)
+
+    print("(d) prefix lookup of one turn (same 4,096 new tokens), block size 64")
     costs = {ctx: lookup_cost(ctx) for ctx in (10_000, 1_000_000)}
     for ctx, (lookup_us, admit_us) in costs.items():
         print(f"  context {ctx:>9,}: lookup {lookup_us:7.1f} us, "

@@ -55,6 +55,40 @@ def workloads():
             ("deepseek-v3 dep16 MTP (slow steps)", SLOW, generate_agentx_trace(160, seed=0))]
 
 
+# the saturated open-loop load: vLLM's random dataset (`labkit trace gen --kind random
+# --num-prompts 2000 --request-rate 16 --input-len 2048 --output-len 512 --range-ratio 0.5
+# --seed 0`) on one llama-3.1-8b tp1 h200, past what it serves: ~250 requests run in every
+# step and arrivals keep runs short, so the cost per running request per step is what counts
+OPEN = dict(model="llama-3.1-8b", layout="tp1", hardware="h200")
+OPEN_TRACE_KNOBS = dict(request_rate=16.0, input_len=2048, output_len=512, range_ratio=0.5,
+                        seed=0)
+
+
+def bench_open_loop(num_prompts: int = 2000, repeat: int = 1) -> dict:
+    """The saturated open-loop load, `repeat` times: the least CPU time, and how many
+    requests a step ran (rank-steps are steps here: one rank)."""
+    from labkit import Engine
+    from labkit.traces import generate_random_trace
+
+    trace = generate_random_trace(num_prompts=num_prompts, **OPEN_TRACE_KNOBS)
+    cpus, first = [], None
+    for _ in range(repeat):
+        engine = Engine(**OPEN)
+        cpu = time.process_time()
+        result = engine.replay(trace, open_loop=True)
+        cpus.append(time.process_time() - cpu)
+        first = first or result
+    s, cpu = first.summary, min(cpus)
+    steps = first.steps
+    per_step = float((steps["num_prefill_reqs"] + steps["num_decode_reqs"]).mean())
+    print(f"  llama-3.1-8b tp1, {num_prompts} random prompts at 16/s, open loop: "
+          f"{s['sim_duration_s']:.0f} sim s, {s['steps']:,} steps of {per_step:.0f} requests "
+          f"on average: {cpu:.2f} CPU s (least of {repeat}) = "
+          f"{s['sim_duration_s'] / cpu:.0f}x real time")
+    return {"sim_s": s["sim_duration_s"], "steps": s["steps"], "cpu_s": cpu,
+            "requests_per_step": per_step, "x_real_time": s["sim_duration_s"] / cpu}
+
+
 STEP_BY_STEP_S = 30.0  # simulated seconds compared with the step-by-step path
 
 

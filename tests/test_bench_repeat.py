@@ -32,3 +32,14 @@ def test_one_run_is_itself(monkeypatch):
     runs = iter([(_result(1.0), 5.0, 50.0)])
     monkeypatch.setattr(bench_sim, "timed_replay", lambda *a, **k: next(runs))
     assert bench_sim._repeated({}, None, 1.0, True, 1)[1:] == (5.0, 50.0, 5.0, True)
+
+
+def test_the_open_loop_load_reports_its_own_replay(capsys):
+    """`labkit bench sim` (c): the figures it returns are those of the replay it ran
+    (the steps' mean batch from the steps table, times real time from its CPU time)."""
+    row = bench_sim.bench_open_loop(num_prompts=60, repeat=2)
+    assert row["steps"] > 0 and row["sim_s"] > 0
+    assert row["x_real_time"] == row["sim_s"] / row["cpu_s"]
+    assert 1 <= row["requests_per_step"] <= 60
+    out = capsys.readouterr().out
+    assert "60 random prompts at 16/s" in out and "(least of 2)" in out

@@ -184,6 +184,13 @@ def test_token_gaps_read_as_the_list_of_gaps_recorded():
         assert np.asarray(recorded).tobytes() == gaps.tobytes()
         assert list(recorded) == gaps.tolist()
         assert sum(recorded) == pytest.approx(gaps.sum())
+        # single gaps alone (a request that ran step by step), laid out between others
+        singles = TokenGaps()
+        for gap in gaps.tolist():
+            singles.append(gap)
+        out = np.full(n + 2, -1.0)
+        assert singles.lay_out(out, 1) == n + 1
+        assert out[1:-1].tobytes() == gaps.tobytes() and out[0] == out[-1] == -1.0
     # a run's gaps are held by reference, and its values are read when asked for
     recorded, run = TokenGaps(), np.array([0.5, 0.25])
     recorded.append(1.0)
