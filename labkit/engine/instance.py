@@ -40,6 +40,12 @@ from labkit.engine.step_message import Outbox, step_input
 # a run plans at most this many steps (an arrival usually cuts it sooner; on the fast
 # workload of `labkit bench sim` 1024 runs ~4 % faster than 512 or 1536)
 MAX_RUN_STEPS = 1024
+# ... and, where arrivals have been cutting runs, about twice as many as the last run
+# cut ran, but not fewer than this: planning costs in proportion to the steps planned
+# (an open-loop load cutting every few steps would otherwise plan a thousand each time),
+# and how many steps a run plans never changes what happens, only when the next is planned
+MIN_PLANNED_STEPS = 32
+PLANNED_CELLS = 4096  # (requests x steps: planning fewer costs about as much as one step)
 MIN_RUN_STEPS = 4  # planning a run costs about this many single steps
 
 
@@ -84,6 +90,7 @@ class Instance:
         self.kv_bytes_per_block = kv_bytes_per_block
         self.last_step = (-1.0, -1.0)  # (start, end) of the latest committed step
         self.rest = None  # what the run an arrival cut had planned past the cut (RunRest)
+        self.run_steps = MAX_RUN_STEPS  # how many steps the next run plans at most
 
     def has_work(self) -> bool:
         return any(s.has_work() for s in self.schedulers)
@@ -154,12 +161,22 @@ class Instance:
         scheduled = batches is not None
         run = plan_decode_run(self.schedulers, self.step_index, self.acceptance, self.config,
                               self.data_plane.cost_model, self.lockstep, now, horizon,
-                              MAX_RUN_STEPS, self.last_step_s, scheduled, self.rest,
+                              self._steps_to_plan(),
+                              self.last_step_s, scheduled, self.rest,
                               min_run_steps=MIN_RUN_STEPS, leave=self._may_leave())
         if run is None or (scheduled and not run.starts_as(batches)):
             return None
         return Plan(now, run.commit_end, run.finishes, run.timing, run.work, run.kv_used,
                     run=run)
+
+    def _steps_to_plan(self) -> int:
+        """How many steps the next run plans at most: as many as runs have lately run
+        before an arrival cut them (`run_steps`), unless planning that many more would
+        cost little (few requests), and at least those a cut run left to reuse."""
+        running = sum(len(s.running) for s in self.schedulers)
+        cheap = PLANNED_CELLS // max(running, 1)
+        rest = len(self.rest.start) if self.rest is not None else 0
+        return min(max(self.run_steps, cheap, rest), MAX_RUN_STEPS)
 
     def _may_leave(self) -> bool:
         """May a request that finishes leave a run, the others decoding on? On one rank
@@ -232,6 +249,8 @@ class Instance:
             return self._commit_to_finish(plan, stop)
         if run is not None:
             first, steps = run.committed, run.steps
+            if steps >= self.run_steps:  # it ran all it could plan: plan more next time
+                self.run_steps = min(2 * self.run_steps, MAX_RUN_STEPS)
             pairs = run.play(steps, steps)
             if self.events.wants(RequestTokens):
                 # the steps before the last one end before anyone finishes (as stepping
@@ -294,6 +313,7 @@ class Instance:
             keep = started + self._hides(run, started, t)
             if keep >= run.steps:
                 return False
+            self.run_steps = min(max(2 * keep, MIN_PLANNED_STEPS), MAX_RUN_STEPS)
             self.rest = run.rest(keep, self.step_index + keep - run.committed)
             run.truncate(keep)
             plan.timing, plan.work, plan.kv_used = run.timing, run.work, run.kv_used
