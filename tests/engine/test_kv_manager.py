@@ -129,6 +129,8 @@ class KVMachine(RuleBasedStateMachine):
         self.kv.fork(parent, child, shared)
         assert self.kv.table(child.request_id).tolist() == \
             self.kv.table(parent.request_id)[: -(-shared // BS)].tolist()
+        # the parent's next token would land in the partial block both now hold
+        assert self.kv.tail_is_shared(parent) == bool(shared % BS)
         if self.kv.allocate(child, extra):
             event("fork")
             if shared % BS:  # wrote into the shared partial block: it was copied
@@ -158,6 +160,21 @@ class KVMachine(RuleBasedStateMachine):
                                   np.arange(self.next_id, self.next_id + 3)])
             self.next_id += 3
             self.fresh.append(self._new_request(kid, done + 2 * BS, hint, forked=done))
+
+    @invariant()
+    def a_shared_tail_is_seen(self):
+        """`tail_is_shared` (which skips looking at blocks a table took itself) agrees
+        with the pool: the next token lands mid-block in a block held twice or keyed."""
+        if not hasattr(self, "kv"):
+            return
+        pool = self.kv.pool
+        for req in self.running:
+            table, computed = self.kv.tables[req.request_id], req.num_computed_tokens
+            idx = computed // BS
+            looked = bool(computed % BS) and idx < table.n and bool(
+                pool.ref_count[table.blocks[idx]] > 1
+                or pool.block_key[table.blocks[idx]] != NO_KEY)
+            assert self.kv.tail_is_shared(req) == looked
 
     @invariant()
     def ref_counts_match_tables(self):

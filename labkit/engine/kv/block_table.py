@@ -53,13 +53,20 @@ NO_MATCH = PrefixMatch(EMPTY, 0)
 
 
 class BlockTable:
-    __slots__ = ("blocks", "n", "num_keyed", "num_written")
+    __slots__ = ("blocks", "n", "num_keyed", "num_written", "num_shared")
 
     def __init__(self, capacity: int) -> None:
         self.blocks = np.empty(max(capacity, 1), dtype=np.int32)
         self.n = 0
         self.num_keyed = 0  # leading blocks already registered in the prefix cache
         self.num_written = 0  # ... whose KV is computed and written through
+        # leading blocks another table may hold too: those it opened with (a prefix hit,
+        # a forked parent's), or that a child forked from it shares. A block it took
+        # itself and has not keyed (`num_keyed`; a P/D hand-over keys its prompt's last
+        # block before it has computed it all) is its own while it lives: nobody hits a
+        # block before it is keyed, nor adopts a partly filled one but from a table
+        # that is gone (`KVManager._needs_copy`).
+        self.num_shared = 0
 
     def view(self) -> np.ndarray:
         return self.blocks[: self.n]

@@ -281,6 +281,7 @@ class KVManager:
         if len(hit):
             self.pool.touch(hit)
             table.extend(hit)
+            table.num_shared = len(hit)
             table.num_keyed = table.num_written = match.num_tokens // self.block_size
             if match.forked and self.events.wants(Forked):
                 self.events.emit(Forked(self.pool.now, self.rank, req.parent_id or "",
@@ -296,8 +297,9 @@ class KVManager:
         """Writing at `computed` lands mid-block in a block that is not ours alone:
         shared with another table, or cached under a key (a sibling fork filled it)."""
         idx = computed // self.block_size
-        if computed % self.block_size == 0 or idx >= table.n:
-            return False
+        if computed % self.block_size == 0 or idx >= table.n or (
+                idx >= table.num_shared and idx >= table.num_keyed):
+            return False  # (a block it took and has not keyed: `BlockTable.num_shared`)
         block = table.blocks[idx]
         return self.pool.ref_count[block] > 1 or self.pool.block_key[block] != NO_KEY
 
@@ -433,6 +435,8 @@ class KVManager:
                              len(table.blocks))
         self.pool.touch(shared)
         table.extend(shared)
+        table.num_shared = len(shared)
+        parent_table.num_shared = max(parent_table.num_shared, len(shared))
         table.num_keyed = table.num_written = min(parent_table.num_written,
                                                   num_tokens // self.block_size)
         self.tables[child.request_id] = table
