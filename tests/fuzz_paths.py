@@ -25,9 +25,9 @@ pickles each such case (knobs, trace, replay options) into DIR for `replay_case`
 `tests/engine/test_fuzz_paths.py` and `tests/compute/test_predicted_clock.py` run a few
 fixed seeds of it in the suite; `fuzz_revision.py` replays its cases with this tree
 against a git revision (for changes to code both paths share). Sessions 25-29 found
-seven engine bugs with it (NOTES.md). A process keeps native memory for each distinct model, layout and feature it
-meets (~7 MB a case on average; a case replayed again adds nothing): run it in chunks of
-~20 minutes rather than for hours.
+seven engine bugs with it (NOTES.md). A process keeps native memory for each distinct
+model, layout and feature it meets (~7 MB a case on average; a case replayed again adds
+nothing): run it in chunks of ~20 minutes rather than for hours.
 """
 
 from __future__ import annotations
