@@ -383,8 +383,9 @@ class Scheduler:
         to verify). Computed: `tokens` maps a request to the token ids it produced (a
         decode entry's verified tokens; one sampled token for a prompt's last chunk).
         Capped by what a request may still generate. Returns the finished requests."""
-        finished = []
-        cache_full_blocks = self.kv.cache_full_blocks
+        finished, computed = [], []
+        batched = not self.events.wants(FirstToken)  # (nobody looks at the KV mid-update)
+        cache_full_blocks = computed.append if batched else self.kv.cache_full_blocks
         produced = None  # (simulated: no token ids)
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
             if req.pending_copies:
@@ -410,6 +411,8 @@ class Scheduler:
             cache_full_blocks(req)
             if req.num_output_tokens >= req.max_output_tokens:  # nothing left to generate
                 finished.append(req)
+        if batched:
+            self.kv.cache_full_blocks_of(computed)
         for req in finished:
             self.finish(req, t_end)
         return finished

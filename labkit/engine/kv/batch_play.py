@@ -117,6 +117,14 @@ def play_batch(kv, plan: BatchPlan) -> None:
                 if m:
                     table.extend(dealt[first : first + m])
                 first += m
+    register(kv, registered)
+
+
+def register(kv, registered: list) -> None:
+    """The registrations `cache_full_blocks` would make for each (table, blocks to be
+    full, their keys from table.num_keyed on), in that order, as one: one claim of all
+    the keys in order (the first block to claim a key keeps it, as call by call), then
+    every block filled marked written."""
     if not registered:
         return
     kv.pool.cache_blocks(_joined([t.blocks[t.num_keyed : full] for t, full, _ in registered]),
