@@ -383,9 +383,10 @@ class Scheduler:
         to verify). Computed: `tokens` maps a request to the token ids it produced (a
         decode entry's verified tokens; one sampled token for a prompt's last chunk).
         Capped by what a request may still generate. Returns the finished requests."""
-        finished, computed = [], []
+        finished, stepped = [], []
         batched = not self.events.wants(FirstToken)  # (nobody looks at the KV mid-update)
-        cache_full_blocks = computed.append if batched else self.kv.cache_full_blocks
+        # the blocks they filled: registered at the end, as one (or call by call)
+        cache_full_blocks = stepped.append if batched else self.kv.cache_full_blocks
         produced = None  # (simulated: no token ids)
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
             if req.pending_copies:
@@ -412,7 +413,7 @@ class Scheduler:
             if req.num_output_tokens >= req.max_output_tokens:  # nothing left to generate
                 finished.append(req)
         if batched:
-            self.kv.cache_full_blocks_of(computed)
+            self.kv.cache_full_blocks_of(stepped)
         for req in finished:
             self.finish(req, t_end)
         return finished

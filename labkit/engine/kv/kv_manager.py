@@ -351,13 +351,10 @@ class KVManager:
         state snapshot a hybrid model owes at a boundary it has passed. `starting`: as
         a step starts instead (a prefix copied in has arrived): the tiers order the
         writes of one time by it, a step's ends before the next step's starts."""
-        table = self.tables.get(req.request_id)
-        if table is None or req.keys is None or not self.pool.enable_caching or \
-                req.num_computed_tokens // self.block_size <= table.num_written:
-            return  # (nothing newly full: most steps of a decode)
-        full = self._full_blocks(req, table, req.num_computed_tokens)
-        if full <= table.num_written:
+        filled = self._newly_full(req)
+        if filled is None:
             return
+        table, full = filled
         self._register(req, table, full)
         done = slice(table.num_written, full)
         self.pool.written(table.blocks[done])
@@ -384,17 +381,24 @@ class KVManager:
             for req in reqs:
                 self.cache_full_blocks(req)
             return
-        registered, size = [], self.block_size
+        registered = []
         for req in reqs:
-            table = self.tables.get(req.request_id)
-            if table is None or req.keys is None or \
-                    req.num_computed_tokens // size <= table.num_written:
-                continue
-            full = self._full_blocks(req, table, req.num_computed_tokens)
-            if full > table.num_written:
+            filled = self._newly_full(req)
+            if filled is not None:
+                table, full = filled
                 keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
                 registered.append((table, full, keys))
         batch_play.register(self, registered)
+
+    def _newly_full(self, req) -> tuple[BlockTable, int] | None:
+        """(req's table, how many of its blocks are full) where some became full since
+        the last registration; None where none did (most steps of a decode)."""
+        table = self.tables.get(req.request_id)
+        if table is None or req.keys is None or not self.pool.enable_caching or \
+                req.num_computed_tokens // self.block_size <= table.num_written:
+            return None
+        full = self._full_blocks(req, table, req.num_computed_tokens)
+        return (table, full) if full > table.num_written else None
 
     def _full_blocks(self, req, table: BlockTable, num_tokens: int) -> int:
         return min(num_tokens // self.block_size, req.keys.num_blocks, table.n)
