@@ -385,6 +385,7 @@ def _replay(args) -> int:
         engine = Engine(model=args.model, layout=args.layout, hardware=args.hardware,
                         backend=args.backend, cost_model=args.cost_model, **compute,
                         **knobs_from_args(args))
+        stack.enter_context(engine)  # (closed on the way out: worker processes stop)
         check_replay_args(engine, args.concurrency, args.duration_s, args.open_loop,
                           args.warmup_s, args.max_idle_s, spell=checks.flag)
         progress = sys.stderr.isatty() if args.progress is None else args.progress

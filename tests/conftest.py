@@ -1,10 +1,17 @@
-"""pytest configuration: fixtures shared by every test folder.
+"""pytest configuration: fixtures shared by every test folder, and the workers' memory.
+
+Engines sit in reference cycles, so one a test drops is freed by Python's cycle
+collector, which runs by object counts: a worker that makes compute engines test after
+test (each holding its paged KV caches, hundreds of MB) grew to 18 GB and was killed.
+After any test that leaves the worker above `COLLECT_ABOVE_MB` resident, the cycles are
+collected (`Engine.close()` is what code of one's own should use).
 
 `LABKIT_TEST_MEMORY_LOG=FILE` appends one line per test to FILE: the xdist worker, the
-test, its seconds, the worker's resident memory after it and the worker's peak so far
-(MB). A worker that swells shows which test (or which file's order) grew it.
+test, its seconds, the worker's resident MB after it (and after a collection, if one
+ran) and its peak so far.
 """
 
+import gc
 import os
 import resource
 import time
@@ -13,6 +20,7 @@ import pytest
 
 from support import MOONCAKE
 
+COLLECT_ABOVE_MB = 2048
 MEMORY_LOG = os.environ.get("LABKIT_TEST_MEMORY_LOG")
 
 
@@ -28,14 +36,18 @@ def _resident_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-if MEMORY_LOG:
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item, nextitem):
-        start = time.perf_counter()
-        yield
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.perf_counter()
+    yield
+    after = _resident_mb()
+    collected = after > COLLECT_ABOVE_MB
+    if collected:
+        gc.collect()
+    if MEMORY_LOG:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        now = f"{after:.0f}->{_resident_mb():.0f}" if collected else f"{after:.0f}"
         with open(MEMORY_LOG, "a") as log:
             log.write(f"{worker}\t{item.nodeid}\t{time.perf_counter() - start:.1f}\t"
-                      f"{_resident_mb():.0f}\t{peak_mb:.0f}\n")
+                      f"{now}\t{peak_mb:.0f}\n")

@@ -141,6 +141,17 @@ class PDEngine(Arrivals):
         self.prefill[0].check_fits(request_id, input_tokens, 1)
         self.decode[0].check_fits(request_id, input_tokens, output_tokens)
 
+    def close(self) -> None:
+        """Close every group's engine (`Engine.close`)."""
+        for e in self._engines():
+            e.close()
+
+    def __enter__(self) -> PDEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ------------------------------------------------------------ running
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode

@@ -435,6 +435,23 @@ class Engine(Arrivals):
         else:
             self._wake(instance)
 
+    # --------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Release what the data plane holds: the compute plane's ranks (their weights
+        and paged KV caches) and worker processes, its offload tiers' files. The results
+        stay readable; stepping again is an error. An engine is part of reference
+        cycles (its parts and their event subscriptions point back at it), so without
+        this its tensors wait for Python's cycle collector, which counts objects, not
+        bytes: a loop making compute engines can run out of memory first. Also a
+        context manager: `with Engine(...) as engine:` closes on the way out."""
+        self.data_plane.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ------------------------------------------------------------ replay
     def replay(self, trace, concurrency: int | None = None, duration_s: float | None = None,
                open_loop: bool = False, **options):

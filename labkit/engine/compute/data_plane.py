@@ -106,6 +106,7 @@ class ComputeDataPlane:
         self.proposed_drafts = 0
         # the offload tiers' bytes (host tensors, block files), when tiers are configured
         self.tiers = self._tier_bytes(config.kv_offload_dir) if config.cpu_kv_gib else None
+        self.closed = False
 
     @property
     def min_step_s(self) -> float:
@@ -118,6 +119,7 @@ class ComputeDataPlane:
 
     # ------------------------------------------------------------------ step
     def execute(self, step: StepInput) -> StepOutput:
+        self._check_open()
         t0 = time.perf_counter()
         reports = self.apply(step.commands)
         batches = step.ranks
@@ -287,9 +289,19 @@ class ComputeDataPlane:
             self.executor.run(release_request, [(request_id,)] * len(gpus), gpus)
 
     def close(self) -> None:
+        """Stop the executor (its ranks' tensors are let go, its processes stopped) and
+        the offload tiers; once only."""
+        if self.closed:
+            return
+        self.closed = True
         self.executor.close()
         if self.tiers is not None:
             self.tiers.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this engine was closed (Engine.close()): its ranks are gone; "
+                               "make a new engine to run more steps")
 
 
 def check_window_support(spec, layout) -> None:

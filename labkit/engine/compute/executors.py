@@ -186,7 +186,10 @@ class ThreadExecutor:
             self.ranks[gd].kv.copy_from(self.ranks[gs].kv, src_blocks, dst_blocks)
 
     def close(self) -> None:
+        """Stop the threads and let the ranks go (their tensors are freed now, not when
+        the engine holding this is collected)."""
         self.cluster.close()
+        self.ranks.clear()
 
 
 def make_executor(executor: str, plan: RankPlan, mesh: Mesh):
