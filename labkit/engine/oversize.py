@@ -39,6 +39,8 @@ def oversized_requests(engine, trace, on_oversize: str) -> dict[str, str]:
     when ``on_oversize`` is "error"."""
     if on_oversize not in ON_OVERSIZE:
         raise unknown_choice("on_oversize", on_oversize, ON_OVERSIZE)
+    if _all_fit(engine, trace.requests):
+        return {}
     found = {}
     for tr in trace.requests:
         try:
@@ -52,6 +54,22 @@ def oversized_requests(engine, trace, on_oversize: str) -> dict[str, str]:
         raise ConfigError(f"every session of the trace starts with a call that can never "
                           f"run (e.g. {next(iter(found.values()))}); nothing to replay")
     return found
+
+
+def _all_fit(engine, requests) -> bool:
+    """Do all requests fit, by one check? What `check_fits` asks grows with the prompt
+    (can it be prefilled) and with prompt plus output (max_model_len, KV blocks), so a
+    request with the longest prompt and the longest total of all fits only if every
+    one does (each total is at least its prompt). False: look one by one."""
+    if not requests:
+        return True
+    longest = max(tr.input_length for tr in requests)
+    total = max(tr.input_length + tr.output_length for tr in requests)
+    try:
+        engine.check_fits("(longest)", longest, total - longest)
+    except ConfigError:
+        return False
+    return True
 
 
 def plan_skips(calls: list, oversized: dict[str, str], open_loop: bool) -> dict[str, str]:

@@ -118,3 +118,40 @@ def test_cli_lists_skipped_calls_in_requests_parquet(tmp_path, capsys):
     assert "requests_skipped          4" in capsys.readouterr().out
     table = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert table["skipped"].sum() == 4 and len(table) == 9
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_check_of_the_longest_call_answers_for_all_as_checking_each(seed):
+    """`_all_fit` (the longest prompt with the longest total, checked once) says what
+    checking every call says, on engines where each of check_fits' limits binds: the
+    model length, the KV a rank holds (sliding windows too), a prompt that cannot be
+    chunked; and P/D pairs."""
+    import numpy as np
+
+    from labkit.engine.disagg import PDEngine
+    from labkit.engine.oversize import _all_fit
+
+    engines = [
+        Engine("llama-3.1-8b", "tp1", "h200", max_model_len=4096),
+        Engine("llama-3.1-8b", "tp1", "h200", num_gpu_blocks_override=200),
+        Engine("gpt-oss-120b", "tp1", "h200", num_gpu_blocks_override=300),
+        Engine("llama-3.1-8b", "tp1", "h200", enable_chunked_prefill=False,
+               max_num_batched_tokens=3000),
+        PDEngine("llama-3.1-8b", "tp1", "tp1", max_model_len=4096),
+    ]
+    rng = np.random.default_rng(seed)
+    verdicts = []
+    for eng in engines:
+        for _ in range(40):
+            n = int(rng.integers(1, 6))
+            calls = [call(f"r{i}", int(rng.integers(1, 5000)), [], out=int(rng.integers(1, 2000)))
+                     for i in range(n)]
+            each = True
+            for tr in calls:
+                try:
+                    eng.check_fits(tr.request_id, tr.input_length, tr.output_length)
+                except ConfigError:
+                    each = False
+            assert _all_fit(eng, calls) == each
+            verdicts.append(each)
+    assert 0.2 < sum(verdicts) / len(verdicts) < 0.8  # both answers are exercised
