@@ -67,24 +67,16 @@ OPEN_TRACE_KNOBS = dict(request_rate=16.0, input_len=2048, output_len=512, range
 def bench_open_loop(num_prompts: int = 2000, repeat: int = 1) -> dict:
     """The saturated open-loop load, `repeat` times: the least CPU time, and how many
     requests a step ran (rank-steps are steps here: one rank)."""
-    from labkit import Engine
     from labkit.traces import generate_random_trace
 
     trace = generate_random_trace(num_prompts=num_prompts, **OPEN_TRACE_KNOBS)
-    cpus, first = [], None
-    for _ in range(repeat):
-        engine = Engine(**OPEN)
-        cpu = time.process_time()
-        result = engine.replay(trace, open_loop=True)
-        cpus.append(time.process_time() - cpu)
-        first = first or result
-    s, cpu = first.summary, min(cpus)
-    steps = first.steps
+    first, cpu, _, median, same = _repeated(OPEN, trace, None, True, repeat, open_loop=True)
+    s, steps = first.summary, first.steps
     per_step = float((steps["num_prefill_reqs"] + steps["num_decode_reqs"]).mean())
     print(f"  llama-3.1-8b tp1, {num_prompts} random prompts at 16/s, open loop: "
           f"{s['sim_duration_s']:.0f} sim s, {s['steps']:,} steps of {per_step:.0f} requests "
           f"on average: {cpu:.2f} CPU s (least of {repeat}) = "
-          f"{s['sim_duration_s'] / cpu:.0f}x real time")
+          f"{s['sim_duration_s'] / cpu:.0f}x real time (median {median:.2f}; identical: {same})")
     return {"sim_s": s["sim_duration_s"], "steps": s["steps"], "cpu_s": cpu,
             "requests_per_step": per_step, "x_real_time": s["sim_duration_s"] / cpu}
 
@@ -92,14 +84,17 @@ def bench_open_loop(num_prompts: int = 2000, repeat: int = 1) -> dict:
 STEP_BY_STEP_S = 30.0  # simulated seconds compared with the step-by-step path
 
 
-def timed_replay(knobs: dict, trace, duration_s: float, cache: bool,
-                 fast_forward: bool = True):
-    """One closed-loop c64 replay; (result, CPU seconds, wall seconds)."""
+def timed_replay(knobs: dict, trace, duration_s: float | None, cache: bool,
+                 fast_forward: bool = True, open_loop: bool = False):
+    """One closed-loop c64 replay (`open_loop`: the trace's arrivals instead, to its
+    end); (result, CPU seconds, wall seconds)."""
     from labkit import Engine
 
     engine = Engine(**knobs, sim_step_cache=cache, sim_fast_forward=fast_forward)
+    how = dict(open_loop=True) if open_loop else dict(concurrency=64, duration_s=duration_s,
+                                                      start_part_way=False)
     cpu, wall = time.process_time(), time.perf_counter()
-    result = engine.replay(trace, concurrency=64, duration_s=duration_s, start_part_way=False)
+    result = engine.replay(trace, **how)
     return result, time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -128,13 +123,14 @@ def bench_sim_speed(duration_s: float = 600.0, repeat: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _repeated(knobs: dict, trace, duration_s: float, cache: bool, repeat: int):
+def _repeated(knobs: dict, trace, duration_s: float | None, cache: bool, repeat: int,
+              open_loop: bool = False):
     """(the first result, the least CPU s and its run's wall s, the median CPU s, whether
     every repeat gave the first's result)."""
-    first, cpu, wall = timed_replay(knobs, trace, duration_s, cache)
+    first, cpu, wall = timed_replay(knobs, trace, duration_s, cache, open_loop=open_loop)
     cpus, walls, same = [cpu], [wall], True
     for _ in range(repeat - 1):
-        result, cpu, wall = timed_replay(knobs, trace, duration_s, cache)
+        result, cpu, wall = timed_replay(knobs, trace, duration_s, cache, open_loop=open_loop)
         cpus.append(cpu)
         walls.append(wall)
         same = same and _identical(first, result)
