@@ -22,6 +22,7 @@ real time (simulated seconds per CPU second).
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import time
@@ -93,6 +94,9 @@ def timed_replay(knobs: dict, trace, duration_s: float | None, cache: bool,
     engine = Engine(**knobs, sim_step_cache=cache, sim_fast_forward=fast_forward)
     how = dict(open_loop=True) if open_loop else dict(concurrency=64, duration_s=duration_s,
                                                       start_part_way=False)
+    # the engines replayed before are garbage in cycles (labkit.memory): collected now,
+    # not by a full collection that may fall inside this replay's time
+    gc.collect()
     cpu, wall = time.process_time(), time.perf_counter()
     result = engine.replay(trace, **how)
     return result, time.process_time() - cpu, time.perf_counter() - wall
