@@ -1,5 +1,5 @@
 """Engines left to the cycle collector are collected once a process has grown
-(`labkit.memory`): by the rule itself, and by the loops that run engine after engine."""
+(`labkit.memory`): by the rule itself, and by every new engine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from labkit import memory
 from labkit.engine import Engine
 from labkit.experiments.plan import evaluate
-from labkit.experiments.rate_matching import pd_profile
 from tests.support import small_agentx
 
 
@@ -53,19 +52,17 @@ def engines_alive() -> int:
     return sum(type(o) is Engine for o in gc.get_objects())  # (isinstance reads __class__)
 
 
-@pytest.mark.parametrize("run", ["plan point", "pd profile"])
-def test_loops_of_engines_leave_none_behind_once_grown(collector_off, monkeypatch, run):
-    """With the growth mark at 0 every point collects: no engine is left over, though
-    the collector is off (without the call, each point's engine stays in its cycles)."""
-    monkeypatch.setattr(memory, "GROWN_MB", 0)
+@pytest.mark.parametrize("grown_mb,most", [(0, 1), (1 << 20, 5)])
+def test_a_new_engine_collects_the_dropped_ones_once_grown(collector_off, monkeypatch,
+                                                           grown_mb, most):
+    """Plan points one after another, as a plan worker runs them (the collector off):
+    with the mark at 0 each new engine collects those dropped before it, so only the
+    last point's is left; with a mark never reached all five stay."""
+    monkeypatch.setattr(memory, "GROWN_MB", grown_mb)
     trace = small_agentx(4, seed=3)
     before = engines_alive()
-    if run == "plan point":
-        for layout in ("tp1", "dp2"):
-            row = evaluate({"layout": layout, "gpus": 2, "concurrency": 4}, trace,
-                           "llama-3.1-8b", "h200", 5.0, 1.0, None)
-            assert row["status"] == "ok"
-    else:
-        pd_profile("llama-3.1-8b", trace, ["tp1"], ["tp1"], duration_s=5.0,
-                   concurrency=(2, 4))
-    assert engines_alive() == before
+    for layout in ("tp1", "dp2", "tp1", "dp2", "tp2"):
+        row = evaluate({"layout": layout, "gpus": 2, "concurrency": 4}, trace,
+                       "llama-3.1-8b", "h200", 5.0, 1.0, None)
+        assert row["status"] == "ok"
+    assert engines_alive() - before == most

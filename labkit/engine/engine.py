@@ -45,6 +45,7 @@ from labkit.engine.sim.hisparse import HiSparse, HiSparseDataPlane, check_hispar
 from labkit.engine.sim.roofline import RooflineCostModel
 from labkit.engine.step_work import StepWork
 from labkit.errors import ConfigError, OversizeError, unknown_choice
+from labkit.memory import collect_if_grown
 from labkit.specs import EngineConfig, Layout, get_hardware, get_model
 from labkit.tokenizer import load_tokenizer
 from labkit.specs.dtypes import dtype_bytes
@@ -82,6 +83,7 @@ class Engine(Arrivals):
         `hold_kv_on_finish`, keep a finished request's KV until `release`."""
         if backend not in BACKENDS:
             raise unknown_choice("backend", backend, BACKENDS)
+        collect_if_grown()  # earlier engines' cycles, once this process has grown (memory.py)
         super().__init__()  # the arrivals heap (`arrivals.py`)
         compute_opts = {k: v for k, v in dict(device=device, dtype=dtype, clock=clock,
                                                checkpoint=checkpoint, executor=executor).items()

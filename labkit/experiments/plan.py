@@ -48,7 +48,6 @@ from labkit.errors import ConfigError, OversizeError
 from labkit.experiments.executors import check_executor, run_tasks
 from labkit.experiments.frontier import X_METRIC, Y_METRIC, pareto_mask
 from labkit.experiments.rate_matching import _warmup, check_run_length
-from labkit.memory import collect_if_grown
 
 RANK_BY = ("goodput_req_s_per_gpu", "throughput_tok_s_per_gpu")
 METRICS = ("goodput_req_s_per_gpu", "goodput_req_s", "slo_attainment",
@@ -148,23 +147,18 @@ def evaluate(point: dict, trace, model, hardware, duration_s: float, warmup_s: f
         trace = _load(os.fspath(trace))
     row = {"config": d.name, **asdict(d), "status": "ok", "error": None, "oversize": False}
     knobs = {**(knobs or {}), **d.knobs()}
-
-    def replay() -> dict:  # (the engine is garbage once it returns)
+    try:
         if d.prefill_layout is None:
             engine = Engine(model, d.layout, hardware, **knobs)
         else:
             engine = PDEngine(model, d.prefill_layout, d.layout, hardware, d.num_prefill,
                               d.num_decode, **knobs)
-        return engine.replay(trace, concurrency=d.concurrency, duration_s=duration_s,
-                             warmup_s=warmup_s, slo=slo, on_oversize=on_oversize,
-                             gpu_hour_usd=gpu_hour_usd).summary
-
-    try:
-        summary = replay()
+        summary = engine.replay(trace, concurrency=d.concurrency, duration_s=duration_s,
+                                warmup_s=warmup_s, slo=slo, on_oversize=on_oversize,
+                                gpu_hour_usd=gpu_hour_usd).summary
     except ConfigError as err:
         row.update(status="failed", error=str(err), oversize=isinstance(err, OversizeError))
         summary = {}
-    collect_if_grown()  # a worker runs point after point (see labkit.memory)
     row.update({m: _number(summary.get(m)) for m in METRICS})
     return row
 

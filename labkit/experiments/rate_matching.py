@@ -32,7 +32,6 @@ from labkit.engine.disagg import PDEngine, check_decode_layout, check_pd_size, \
 from labkit.engine.engine import Engine
 from labkit.engine.transfer import PrefixTransfer
 from labkit.errors import ConfigError
-from labkit.memory import collect_if_grown
 
 ROLES = ("prefill", "decode")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -112,7 +111,6 @@ def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h2
         engine = role_engine(role, model, layout, hardware, **knobs)
         if role == "decode":
             check_decode_layout(engine.layout, f"decode layout {layout!r}")
-        del engine  # (collected with the points' engines)
     rows = []
     bar = tqdm(total=len(plan) * len(concurrency), desc="pd profile", disable=not progress)
     for role, layout in plan:
@@ -120,7 +118,6 @@ def pd_profile(model, trace, prefill_layouts=(), decode_layouts=(), hardware="h2
         for c in concurrency:
             row = profile_point(role, model, layout, trace, c, duration_s, hardware,
                                 warmup_s, **knobs)
-            collect_if_grown()  # the point's engine is garbage now (see labkit.memory)
             rows.append(row)
             bar.update(1)
             if role == "decode" and row["preemptions"] and best is not None:
@@ -201,8 +198,6 @@ def pd_sweep(model, trace, prefill_layout: str, decode_layout: str, hardware="h2
             "prefill_busy": busy["prefill"], "decode_busy": busy["decode"],
             "kv_pd_transferred_tokens": s["kv_pd_transferred_tokens"],
         })
-        del engine
-        collect_if_grown()
     return pd.DataFrame(rows)
 
 
