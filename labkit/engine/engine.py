@@ -441,7 +441,8 @@ class Engine(Arrivals):
     def close(self) -> None:
         """Release what the data plane holds: the compute plane's ranks (their weights
         and paged KV caches) and worker processes, its offload tiers' files. The results
-        stay readable; stepping again is an error. An engine is part of reference
+        stay readable; a closed compute engine refuses to step (a simulated one holds
+        nothing to release, so it is unchanged). An engine is part of reference
         cycles (its parts and their event subscriptions point back at it), so without
         this its tensors wait for Python's cycle collector, which counts objects, not
         bytes: a loop making compute engines can run out of memory first. Also a
