@@ -445,8 +445,8 @@ class Engine(Arrivals):
         nothing to release, so it is unchanged). An engine is part of reference
         cycles (its parts and their event subscriptions point back at it), so without
         this its tensors wait for Python's cycle collector, which counts objects, not
-        bytes: a loop making compute engines can run out of memory first. Also a
-        context manager: `with Engine(...) as engine:` closes on the way out."""
+        bytes (a new engine runs it once the process has grown, `labkit/memory.py`).
+        Also a context manager: `with Engine(...) as engine:` closes on the way out."""
         self.data_plane.close()
 
     def __enter__(self) -> Engine:
