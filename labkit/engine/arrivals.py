@@ -6,7 +6,8 @@ builds one from token ids (or text, through the model's tokenizer). Both deploym
 inherit this, so a call is admitted by one piece of code whichever serves it.
 
 A subclass provides: `now`, `config`, `model`, `tokenizer`, `block_size`, `requests`
-(id -> Request), `check_fits(request_id, input_tokens, output_tokens)`, and calls
+(id -> Request), `check_fits(request_id, input_tokens, output_tokens)`, `close()`
+(what it holds let go: `with deployment:` closes it on the way out), and calls
 `Arrivals.__init__`.
 """
 
@@ -26,6 +27,12 @@ class Arrivals:
     def __init__(self) -> None:
         self._arrivals: list = []  # (time, seq, request), a heap
         self._seq = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def num_pending(self) -> int:

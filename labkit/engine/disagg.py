@@ -146,12 +146,6 @@ class PDEngine(Arrivals):
         for e in self._engines():
             e.close()
 
-    def __enter__(self) -> PDEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # ------------------------------------------------------------ running
     def _engines(self) -> list[Engine]:
         return self.prefill + self.decode

@@ -439,21 +439,11 @@ class Engine(Arrivals):
 
     # --------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Release what the data plane holds: the compute plane's ranks (their weights
-        and paged KV caches) and worker processes, its offload tiers' files. The results
-        stay readable; a closed compute engine refuses to step (a simulated one holds
-        nothing to release, so it is unchanged). An engine is part of reference
-        cycles (its parts and their event subscriptions point back at it), so without
-        this its tensors wait for Python's cycle collector, which counts objects, not
-        bytes (a new engine runs it once the process has grown, `labkit/memory.py`).
-        Also a context manager: `with Engine(...) as engine:` closes on the way out."""
+        """Let the compute plane's ranks (weights, paged KV caches), worker processes and
+        tier files go now, not when the cycle collector finds this engine (`memory.py`);
+        results stay readable, a closed compute engine refuses to step (a simulated one
+        holds nothing). `with Engine(...) as engine:` closes on the way out."""
         self.data_plane.close()
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # ------------------------------------------------------------ replay
     def replay(self, trace, concurrency: int | None = None, duration_s: float | None = None,
