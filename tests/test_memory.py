@@ -38,30 +38,48 @@ def collector_off():
     gc.enable()
 
 
-def test_a_grown_process_collects_and_a_steady_one_does_not(collector_off):
-    memory.collect_if_grown(0)  # (the mark: now)
-    small = dropped_cycle(1)
-    assert not memory.collect_if_grown(64) and small() is not None
-    big = dropped_cycle(128)
-    assert memory.collect_if_grown(64)
-    assert big() is None and small() is None
-    assert not memory.collect_if_grown(64)  # the mark moved to after the collection
+@pytest.fixture
+def resident(monkeypatch):
+    """The process's resident MB as the test sets it (a worker's allocator may reuse
+    memory it holds, so real growth cannot be counted on), a fresh mark, restored after."""
+    now = [1000.0]
+    monkeypatch.setattr(memory, "resident_mb", lambda: now[0])
+    monkeypatch.setattr(memory, "_after_last_mb", [])
+    return now
+
+
+def test_a_grown_process_collects_and_a_steady_one_does_not(collector_off, resident):
+    assert not memory.collect_if_grown(64)  # (the first look sets the mark: 1,000 MB)
+    cycle = dropped_cycle(1)
+    resident[0] = 1060.0
+    assert not memory.collect_if_grown(64) and cycle() is not None
+    resident[0] = 1070.0
+    assert memory.collect_if_grown(64) and cycle() is None
+    resident[0] = 1100.0  # the mark is now what was resident after that collection
+    assert not memory.collect_if_grown(64)
+
+
+def test_a_real_dropped_cycle_is_freed_by_a_collection(collector_off):
+    cycle = dropped_cycle(16)
+    assert memory.collect_if_grown(-1e9) and cycle() is None  # (a mark always passed)
 
 
 def engines_alive() -> int:
     return sum(type(o) is Engine for o in gc.get_objects())  # (isinstance reads __class__)
 
 
-@pytest.mark.parametrize("grown_mb,most", [(0, 1), (1 << 20, 5)])
-def test_a_new_engine_collects_the_dropped_ones_once_grown(collector_off, monkeypatch,
-                                                           grown_mb, most):
-    """Plan points one after another, as a plan worker runs them (the collector off):
-    with the mark at 0 each new engine collects those dropped before it, so only the
-    last point's is left; with a mark never reached all five stay."""
+@pytest.mark.parametrize("grown_mb,most", [(100, 1), (1 << 20, 5)])
+def test_a_new_engine_collects_the_dropped_ones_once_grown(collector_off, resident,
+                                                           monkeypatch, grown_mb, most):
+    """Plan points one after another, as a plan worker runs them, each growing the
+    process 200 MB (the collector off): with a mark of 100 MB each new engine collects
+    those dropped before it, so only the last point's is left; with a mark never
+    reached all five stay."""
     monkeypatch.setattr(memory, "GROWN_MB", grown_mb)
     trace = small_agentx(4, seed=3)
     before = engines_alive()
     for layout in ("tp1", "dp2", "tp1", "dp2", "tp2"):
+        resident[0] += 200.0
         row = evaluate({"layout": layout, "gpus": 2, "concurrency": 4}, trace,
                        "llama-3.1-8b", "h200", 5.0, 1.0, None)
         assert row["status"] == "ok"
