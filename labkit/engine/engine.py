@@ -37,6 +37,7 @@ from labkit.engine.instance import Instance
 from labkit.engine.kv.packing import block_layout
 from labkit.engine.kv.sliding_window import check_sliding_window
 from labkit.engine.metrics import StepRecorder
+from labkit.engine.offload import check_offload_dir
 from labkit.engine.request import Request
 from labkit.engine.scheduler import RankBatch
 from labkit.engine.sim.data_plane import SimDataPlane
@@ -95,8 +96,8 @@ class Engine(Arrivals):
         self.tokenizer = load_tokenizer(self.model)  # text prompts (an HF folder's)
         self.hardware = get_hardware(hardware)
         self.config = knobs.pop("config", None) or EngineConfig.from_knobs(**knobs)
-        _check_offload_dir(self.config, backend)
-        self.layout = _with_dcp_knob(Layout.parse(layout), self.config.decode_context_parallel_size)
+        check_offload_dir(self.config, backend)
+        self.layout = Layout.parse(layout).with_dcp_knob(self.config.decode_context_parallel_size)
         self.layout.check_model(self.model)
         check_sliding_window(self.model, self.layout, self.config)
         self.backend = backend
@@ -484,25 +485,3 @@ class Engine(Arrivals):
         return start_replay(self, trace, concurrency=concurrency, duration_s=duration_s,
                             open_loop=open_loop, **options)
 
-
-def _check_offload_dir(config: EngineConfig, backend: str) -> None:
-    """kv_offload_dir names where block files go: only the compute plane's disk tier
-    writes any, and one that is not configured writes none."""
-    if config.kv_offload_dir is None:
-        return
-    if backend != "compute":
-        raise ConfigError("kv_offload_dir only applies to backend='compute' (the simulated "
-                          "disk tier keeps no bytes); drop it, or run the compute backend")
-    if not config.disk_kv_gib:
-        raise ConfigError("kv_offload_dir is where the disk tier writes its blocks: set "
-                          "disk_kv_gib (and cpu_kv_gib) too, or drop it")
-
-
-def _with_dcp_knob(layout: Layout, dcp: int | None) -> Layout:
-    """vLLM's decode_context_parallel_size, reconciled with the layout string."""
-    if dcp is None or dcp == layout.dcp:
-        return layout
-    if layout.dcp == 1:
-        return Layout.parse(f"{layout.text}xdcp{dcp}")
-    raise ConfigError(f"decode_context_parallel_size={dcp} disagrees with layout "
-                      f"{layout.text!r} (dcp{layout.dcp}); give the degree in one place")

@@ -364,3 +364,16 @@ def _tier_sizes(config, hardware, block_bytes: float, nodes: int) -> list[tuple]
                               f"({block_bytes / GIB:.3g} GiB per block)")
         tiers.append((name, blocks, bw, lat))
     return tiers
+
+
+def check_offload_dir(config, backend: str) -> None:
+    """kv_offload_dir names where block files go: only the compute plane's disk tier
+    writes any, and one that is not configured writes none."""
+    if config.kv_offload_dir is None:
+        return
+    if backend != "compute":
+        raise ConfigError("kv_offload_dir only applies to backend='compute' (the simulated "
+                          "disk tier keeps no bytes); drop it, or run the compute backend")
+    if not config.disk_kv_gib:
+        raise ConfigError("kv_offload_dir is where the disk tier writes its blocks: set "
+                          "disk_kv_gib (and cpu_kv_gib) too, or drop it")

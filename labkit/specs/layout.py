@@ -80,6 +80,15 @@ class Layout:
         layout._check_structure()
         return layout
 
+    def with_dcp_knob(self, dcp: int | None) -> Layout:
+        """vLLM's decode_context_parallel_size, reconciled with the layout string."""
+        if dcp is None or dcp == self.dcp:
+            return self
+        if self.dcp == 1:
+            return Layout.parse(f"{self.text}xdcp{dcp}")
+        raise ConfigError(f"decode_context_parallel_size={dcp} disagrees with layout "
+                          f"{self.text!r} (dcp{self.dcp}); give the degree in one place")
+
     def _with_dcp_shorthand(self) -> Layout:
         # vLLM runs DCP inside the TP group; a bare `dcp8` means tp8 with dcp8.
         if self.dcp > 1 and self.tp * self.pcp == 1:
