@@ -21,6 +21,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8")
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "PIECEWISE", "NONE")
 MOE_ROUTINGS = ("balanced", "power_law_1.01", "power_law_1.2")
+SAMPLINGS = ("top_p", "random", "greedy")  # engine/sim/sampler_cost.py prices each
 
 # Mean accepted tokens per verify step per draft token, used when only
 # num_speculative_tokens is given (AgentX runs: 3 drafts, 2.99 accepted per step).
@@ -101,6 +102,11 @@ class EngineConfig:
     async_scheduling: bool = knob(
         True, "schedule step N+1 while step N runs: CPU work overlaps the GPU, newly "
         "arrived requests wait one more step")
+    sampling: str = knob(
+        "top_p", "what the sampler does to every row, over the whole vocabulary (a "
+        "server takes the model's generation_config when the client sends no sampling "
+        "parameters; most set top_p): top_p (top-k / top-p filtering: a sort), random "
+        "(temperature only), greedy (temperature 0)", SAMPLINGS)
     moe_routing: str = knob(
         "power_law_1.2", "how tokens pick MoE experts (the calibration data's distributions):"
         " skewed routing makes expert-parallel steps wait for the busiest rank", MOE_ROUTINGS)

@@ -34,7 +34,7 @@ from labkit.validate.runs import GROUPS, PROMPTS_PER_GROUP
 from labkit.validate.workload import shared_prefix_trace
 
 # ---- fitted (python -m labkit.validate.fit), with overheads.FITTED
-FRONTEND_S = 8.187e-3
+FRONTEND_S = 8.192e-3
 
 
 def engine_for(run, params: OverheadParams = FITTED) -> Engine:

@@ -11,6 +11,7 @@ from labkit.costmodel import CostModel
 from labkit.engine.request import Request
 from labkit.engine.sim.overheads import (FITTED, FULL, NONE, PIECEWISE, StepOverheads,
                                          capture_sizes)
+from labkit.engine.sim.sampler_cost import SamplerCost
 from labkit.engine.step_work import StepWork
 from labkit.errors import ConfigError
 from labkit.specs import EngineConfig
@@ -114,13 +115,15 @@ def test_lockstep_ranks_agree_on_mode_and_padding():
 
 def test_gemms_run_the_padded_batch():
     """Decode batches of 9..16 requests replay the 16-token graph: the same GEMM time;
-    only attention and the LM head (which see the real requests: logits are computed
-    for the sampled rows only) differ. 17 starts the next size."""
+    only attention, the LM head and the sampler (which see the real requests: logits are
+    computed for the sampled rows only) differ. 17 starts the next size."""
     cm = CostModel("h100")
     ctx = 1000
+    sampler = SamplerCost(128256, cm.hardware.hbm_bandwidth, "top_p")
 
     def attn(b):
-        return 32 * cm.attention_decode(b, ctx, 32, 8, 128) + cm.gemm(b, 128256, 4096)
+        return 32 * cm.attention_decode(b, ctx, 32, 8, 128) + cm.gemm(b, 128256, 4096) + \
+            sampler(b)
 
     rest = [cm.step_time("llama-3.1-8b", "tp1", [{"new_tokens": 1, "context": ctx}] * b)
             ["compute_s"] - attn(b) for b in range(9, 18)]

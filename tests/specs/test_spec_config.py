@@ -63,7 +63,7 @@ def test_knob_metadata_for_the_cli():
     closed = {f[0]: f[4] for f in fields if f[4]}
     assert set(closed) == {"scheduling_policy", "kv_cache_dtype", "router", "session_kv_migration",
                            "kv_offload_eviction", "linear_state_retention",
-                           "kv_layout", "cudagraph_mode", "moe_routing"}
+                           "kv_layout", "cudagraph_mode", "moe_routing", "sampling"}
 
 
 # ------------------------------------------------------------------ validation

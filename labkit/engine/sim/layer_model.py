@@ -12,7 +12,7 @@ of that rank does, pricing every kernel with the calibrated `CostModel` ops:
 - **linear-attention layers** (KDA), **MLP / MoE**, the LM head and MTP drafts
   (`mlp_cost.py`): projections plus a recurrent state update; dense GEMMs, or the
   fused MoE kernel plus shared experts and router, the experts spread as the layout
-  says;
+  says; then the **sampler** over each sampled row's vocabulary (`sampler_cost.py`);
 - **collectives**: whatever `Placement` says the layer communicates (TP all-reduce,
   EP all-to-all, DCP query gather and partial-output merge, PCP KV gather, KVPP
   broadcast), priced by the collective model;
@@ -48,6 +48,7 @@ from labkit.engine.sim.count_blocks import CountBlocks
 from labkit.engine.sim.memo import ExactMemo, no_memo, same_rows
 from labkit.engine.sim.mlp_cost import MlpCost, priced_collectives
 from labkit.engine.sim.overheads import FITTED, OverheadParams, StepOverheads, capture_sizes
+from labkit.engine.sim.sampler_cost import SamplerCost
 from labkit.engine.step_work import StepTiming, StepWork
 from labkit.specs.config import EngineConfig
 
@@ -66,9 +67,10 @@ _CountPieces = namedtuple("_CountPieces", "mode padded t_dec tokens proj terms a
 class LayerStepModel:
     def __init__(self, placement: Placement, ops, num_speculative_tokens: int = 0, *,
                  overheads: StepOverheads | None = None, moe_routing: str = "balanced",
-                 seed: int = 0, memoize: bool = True) -> None:
+                 seed: int = 0, memoize: bool = True, sampling: str = "top_p") -> None:
         """`overheads` None: kernels only (a bare forward pass). `memoize`: remember the
-        pieces that depend only on token counts (`memo.py`; exact, same results)."""
+        pieces that depend only on token counts (`memo.py`; exact, same results).
+        `sampling`: what the sampler does to each row (`sampler_cost.SAMPLINGS`)."""
         self.placement = placement
         self.ops = ops = ops.trusted()  # the sizes below are built here: no checks
         self.model = m = placement.model
@@ -85,6 +87,7 @@ class LayerStepModel:
         self.dense_layers = m.num_dense_mlp_layers / pp
         self.mlp = MlpCost(placement, ops, attn.wdtype, num_speculative_tokens, moe_routing,
                            seed)
+        self.sampler = SamplerCost(m.vocab_size, ops.hardware.hbm_bandwidth, sampling)
         self.overheads = overheads
         self.memo = ExactMemo() if memoize else no_memo
         # the layer kinds a stage sums besides full attention (a kind the model lacks
@@ -120,7 +123,7 @@ class LayerStepModel:
                                   async_scheduling=config.async_scheduling, layers=layers)
         return cls(placement, ops, config.num_speculative_tokens, overheads=overheads,
                    moe_routing=config.moe_routing, seed=config.seed,
-                   memoize=config.sim_step_cache)
+                   memoize=config.sim_step_cache, sampling=config.sampling)
 
     @property
     def min_step_s(self) -> float:
@@ -220,7 +223,7 @@ class LayerStepModel:
                                                    counts.decode_tokens)
         drafts = self._piece("drafts", self.mlp.draft_passes, counts.num_decode_reqs) \
             if self.mlp.has_drafts else 0.0
-        extra = self._piece("lm_head", self.mlp.lm_head, rows) + drafts
+        extra = self._piece("lm_head", self.mlp.lm_head, rows) + self.sampler(rows) + drafts
         cpu = launch = None
         if self.overheads is not None:
             o = self.overheads
