@@ -91,6 +91,37 @@ def test_report_json_has_both_parts(tmp_path):
     assert doc["median_ape"]["e2e_mean"] == pytest.approx(by_id[FITTED_RUN]["ape_e2e_mean"])
     assert doc["median_ape_holdout"]["tpot"] == pytest.approx(by_id[HELD_OUT_RUN]["ape_tpot"])
     assert doc["median_ape_holdout"]["throughput"] is None  # s2r publishes no throughput
+    # the signed error per model: one run each here, so its own (sim / measured - 1)
+    bias = {(b["model"], b["layout"]): b for b in doc["bias"]}
+    assert len(bias) == 2
+    for e in doc["experiments"]:
+        b = bias[(e["model"], e["layout"])]
+        assert b["runs"] == 1 and b["part"] == e["part"]
+        for m in ("ttft_mean", "e2e_mean", "tpot"):
+            assert b[m] == pytest.approx((e[f"simulated_{m}"] / e[f"measured_{m}"] - 1) * 100)
+            assert abs(b[m]) == pytest.approx(e[f"ape_{m}"])
+
+
+def test_signed_bias_averages_a_models_runs_with_their_sign():
+    from labkit.validate.report import signed_bias
+
+    exp = pd.DataFrame([
+        dict(model="a", layout="tp1", part="fitted", simulated_tpot=0.9, measured_tpot=1.0,
+             simulated_ttft_mean=1.1, measured_ttft_mean=1.0, simulated_e2e_mean=2.0,
+             measured_e2e_mean=2.0),
+        dict(model="a", layout="tp1", part="held_out", simulated_tpot=1.3, measured_tpot=1.0,
+             simulated_ttft_mean=1.1, measured_ttft_mean=1.0, simulated_e2e_mean=1.0,
+             measured_e2e_mean=2.0),
+        dict(model="a", layout="tp2", part="held_out", simulated_tpot=0.5, measured_tpot=1.0,
+             simulated_ttft_mean=1.0, measured_ttft_mean=1.0, simulated_e2e_mean=1.0,
+             measured_e2e_mean=1.0)])
+    bias = signed_bias(exp)
+    assert bias.loc[("a", "tp1"), "tpot"] == pytest.approx(10.0)  # -10 and +30: signs kept
+    assert bias.loc[("a", "tp1"), "ttft_mean"] == pytest.approx(10.0)
+    assert bias.loc[("a", "tp1"), "e2e_mean"] == pytest.approx(-25.0)
+    assert bias.loc[("a", "tp1"), "runs"] == 2
+    assert bias.loc[("a", "tp1"), "part"] == "fitted/held_out"
+    assert bias.loc[("a", "tp2"), "tpot"] == pytest.approx(-50.0)
 
 
 def test_unknown_run_is_refused(capsys):

@@ -45,6 +45,8 @@ def run(args) -> int:
     print(result.experiments[cols].to_string(index=False, float_format=lambda x: f"{x:6.1f}"))
     print("\nmedian APE % over runs (fitted part / held-out part):")
     print(result.table().to_string(float_format=lambda x: f"{x:6.1f}"))
+    print("\nmean signed error % by model (below 0: simulated faster than measured):")
+    print(result.bias().to_string(float_format=lambda x: f"{x:+6.1f}"))
     print(f"\n{len(result.skipped)} measured runs not replayed (see --json 'skipped')")
     return 0
 

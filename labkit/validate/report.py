@@ -10,7 +10,13 @@ metrics compared with the measured ones as absolute percentage error,
     result.experiments      # one row per run: measured_*, simulated_*, ape_* columns
     result.median_ape       # {metric: median APE %} over the fitted runs
     result.median_ape_holdout
+    result.bias()           # mean signed error % per model and layout: which way it is off
     result.to_json()        # {"experiments": [...], "median_ape": ..., "median_ape_holdout": ...}
+
+APE says how far off a run is; the signed error, averaged over a model's runs, says which
+way -- a constant sign per model is the cost model's error for that model's shapes, not
+noise (the held-out large-vocabulary models' negative TPOT bias is how the sampler's cost
+was found, NOTES.md session 36).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class ValidationResult:
             "goal": {"metrics": list(GOAL_METRICS), "median_ape_below": GOAL_APE,
                      "met_on_holdout": all(self.median_ape_holdout.get(m, math.inf) <= GOAL_APE
                                            for m in GOAL_METRICS)},
+            "bias": self.bias().reset_index().to_dict(orient="records"),
             "skipped": self.skipped.to_dict(orient="records"),
             "settings": {"duration_scale": self.duration_scale, "wall_s": self.wall_s},
         })
@@ -60,6 +67,24 @@ class ValidationResult:
     def table(self) -> pd.DataFrame:
         """Median APE per metric (rows), fitted and held-out (columns), in percent."""
         return pd.DataFrame({"fitted": self.median_ape, "held_out": self.median_ape_holdout})
+
+    def bias(self) -> pd.DataFrame:
+        return signed_bias(self.experiments)
+
+
+def signed_bias(experiments: pd.DataFrame, metrics=GOAL_METRICS) -> pd.DataFrame:
+    """Per model and layout: the mean over its runs of (simulated / measured - 1) x 100
+    for each metric (below 0: the simulator is faster than the measured runs), the parts
+    its runs belong to and how many there are. `experiments`: `ValidationResult.experiments`
+    or the stored JSON's "experiments" as a DataFrame."""
+    signed = experiments.assign(**{m: (experiments[f"simulated_{m}"]
+                                       / experiments[f"measured_{m}"] - 1.0) * 100.0
+                                   for m in metrics})
+    groups = signed.groupby(["model", "layout"])
+    out = groups[list(metrics)].mean()
+    out.insert(0, "runs", groups.size())
+    out.insert(0, "part", groups["part"].agg(lambda p: "/".join(sorted(set(p)))))
+    return out
 
 
 def median_ape(experiments: pd.DataFrame, part: str) -> dict:
