@@ -106,7 +106,8 @@ class EngineConfig:
         "top_p", "what the sampler does to every row, over the whole vocabulary (a "
         "server takes the model's generation_config when the client sends no sampling "
         "parameters; most set top_p): top_p (top-k / top-p filtering: a sort), random "
-        "(temperature only), greedy (temperature 0)", SAMPLINGS)
+        "(temperature only), greedy (temperature 0). It prices the sampler (sim, predicted "
+        "clock); the compute plane's own tokens are greedy", SAMPLINGS)
     moe_routing: str = knob(
         "power_law_1.2", "how tokens pick MoE experts (the calibration data's distributions):"
         " skewed routing makes expert-parallel steps wait for the busiest rank", MOE_ROUTINGS)
