@@ -47,6 +47,8 @@ def run(args) -> int:
     print(result.table().to_string(float_format=lambda x: f"{x:6.1f}"))
     print("\nmean signed error % by model (below 0: simulated faster than measured):")
     print(result.bias().to_string(float_format=lambda x: f"{x:+6.1f}"))
+    print("(tail_runs: runs whose measured TTFT mean lies above its p90 in a load stage, a "
+          "startup tail no steady state has: read their TTFT p90)")
     print(f"\n{len(result.skipped)} measured runs not replayed (see --json 'skipped')")
     return 0
 
