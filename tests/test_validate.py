@@ -59,6 +59,51 @@ def test_startup_tail_flags_runs_whose_stage_mean_passes_its_p90(runs):
     assert 8 <= sum(got.values()) and all("mixtral" in k for k, tail in got.items() if tail)
 
 
+def test_stage_measured_rows_are_the_csvs_stage_rows(runs):
+    """`stage_measured`: each load stage's row of the CSV, in seconds, in the order the
+    stages ran (a stage listed twice, once)."""
+    by_id = runs[runs["skip"].isna()].set_index("id")
+    default = pd.read_csv(E2E / "default_args_stage_metrics.csv")
+    rows = default[default["experiment"] == FITTED_RUN].set_index("stage")
+    stages = by_id.loc[FITTED_RUN, "stage_measured"]
+    assert len(stages) == 2
+    for k, stage in enumerate(stages):
+        r = rows.loc[f"stage_{k}"]
+        assert stage["ttft_mean"] == pytest.approx(r["ttft_mean_ms"] / 1e3)
+        assert stage["e2e_p90"] == pytest.approx(r["e2e_p90_ms"] / 1e3)
+        assert stage["tpot"] == pytest.approx((r["e2e_mean_ms"] - r["ttft_mean_ms"]) / 1e3 / 246)
+    s2r = pd.read_csv(E2E / "s2r_measured_aggregates.csv")
+    rows = s2r[s2r["folder"] == HELD_OUT_RUN].set_index("stage_index")
+    stages = by_id.loc[HELD_OUT_RUN, "stage_measured"]
+    assert [st["ttft_p90"] for st in stages] == pytest.approx(
+        [rows.loc[0, "ttft_p90"] / 1e3, rows.loc[1, "ttft_p90"] / 1e3])
+    # the rates rise from stage 0 to 1 in the two-stage workloads, and so does the TPOT
+    assert stages[1]["tpot"] > stages[0]["tpot"]
+    assert len(by_id.loc["64-qwen2-5-7b-instruct-tp1-roleplay-1-1", "stage_measured"]) == 1
+    # the train/val file lists some stages three times
+    assert {len(st) for st in runs["stage_measured"]} == {1, 2}
+
+
+def test_simulated_stages_split_the_runs_requests(runs):
+    """A replay's stage metrics are those of the requests sent in each stage: their
+    counts add up to the measured requests, their request-weighted means to the run's."""
+    from labkit.validate.simulate import simulate_run
+
+    run = runs[runs["skip"].isna()].set_index("id").loc[FITTED_RUN]
+    sim = simulate_run(run, 0.05)
+    stages = sim["stages"]
+    counts = np.array([st["requests"] for st in stages])
+    assert len(stages) == 2 and (counts > 0).all()
+    # every request completes; the first 100 (the cold cycle) are left out
+    assert counts.sum() == sim["completed"] - 100
+    for m in ("ttft_mean", "e2e_mean"):
+        means = np.array([st[m] for st in stages])
+        assert (means * counts).sum() / counts.sum() == pytest.approx(sim[m], rel=1e-12)
+    # stage 1 (10 req/s) is sent after stage 0 (5 req/s): more requests in half the share
+    # of the scaled seconds -- 30 s at 10/s against 30 s at 5/s less the cold cycle
+    assert counts[1] == 300 and counts[0] == 150 - 100
+
+
 def test_measured_tpot_is_the_readme_derived_nominal_one(runs):
     """TPOT = (E2E mean - TTFT mean) / (nominal output - 1): the CSV's own column."""
     csv = pd.read_csv(E2E / "default_args_stage_metrics.csv")
@@ -124,6 +169,31 @@ def test_report_json_has_both_parts(tmp_path):
             assert b[m] == pytest.approx((e[f"simulated_{m}"] / e[f"measured_{m}"] - 1) * 100)
             assert abs(b[m]) == pytest.approx(e[f"ape_{m}"])
         assert b["tail_runs"] == int(e["measured_ttft_tail"])
+    # per load stage: both runs have two, each row the run's stage from the CSV
+    stages = pd.DataFrame(doc["stages"])
+    assert sorted(stages["id"]) == sorted([FITTED_RUN, FITTED_RUN, HELD_OUT_RUN, HELD_OUT_RUN])
+    runs = pd.DataFrame(doc["experiments"]).set_index("id")
+    from labkit.validate.runs import load_runs
+
+    runs_all = load_runs(SHARED_DATA)
+    measured = runs_all[runs_all["skip"].isna()].set_index("id")["stage_measured"]
+    for row in doc["stages"]:
+        assert row["measured_tpot"] == pytest.approx(measured[row["id"]][row["stage"]]["tpot"])
+        assert row["model"] == runs.loc[row["id"], "model"]
+    assert [r["rate"] for r in doc["stages"] if r["id"] == FITTED_RUN] == [5.0, 10.0]
+    # the stage bias of one run per model: that stage's own signed error -- none where
+    # a replay this short sent the stage's requests inside its cold cycle (stage 0 of
+    # both: 60 and 96 requests, the first 100 left out)
+    for b in doc["stage_bias"]:
+        (row,) = [r for r in doc["stages"] if r["model"] == b["model"]
+                  and r["stage"] == b["stage"]]
+        if row["requests"] == 0:
+            assert row["simulated_tpot"] is None and b["tpot"] is None
+        else:
+            assert b["tpot"] == pytest.approx(
+                (row["simulated_tpot"] / row["measured_tpot"] - 1) * 100)
+    assert len(doc["stage_bias"]) == 4
+    assert [r["stage"] for r in doc["stages"] if r["requests"] == 0] == [0, 0]
 
 
 def test_signed_bias_averages_a_models_runs_with_their_sign():
@@ -150,6 +220,25 @@ def test_signed_bias_averages_a_models_runs_with_their_sign():
     assert bias.loc[("a", "tp1"), "runs"] == 2
     assert bias.loc[("a", "tp1"), "part"] == "fitted/held_out"
     assert bias.loc[("a", "tp2"), "tpot"] == pytest.approx(-50.0)
+
+
+def test_stage_bias_groups_two_stage_runs_by_stage():
+    from labkit.validate.report import stage_bias
+
+    def row(run, stage, rate, sim_tpot, model="a"):
+        return dict(id=run, part="held_out", model=model, layout="tp1", stage=stage,
+                    rate=rate, measured_ttft_tail=False, simulated_tpot=sim_tpot,
+                    measured_tpot=1.0, simulated_ttft_mean=1.0, measured_ttft_mean=1.0,
+                    simulated_ttft_p90=1.0, measured_ttft_p90=1.0)
+    stages = pd.DataFrame([row("r1", 0, 8.0, 0.9), row("r1", 1, 20.0, 1.1),
+                           row("r2", 0, 6.0, 0.95), row("r2", 1, 10.0, 1.3),
+                           row("r3", 0, 6.0, 0.5)])  # one stage only: left out
+    bias = stage_bias(stages)
+    assert bias.loc[("a", "tp1", 0), "tpot"] == pytest.approx(-7.5)
+    assert bias.loc[("a", "tp1", 1), "tpot"] == pytest.approx(20.0)
+    assert bias.loc[("a", "tp1", 0), "runs"] == 2
+    assert bias.loc[("a", "tp1", 1), "rate"] == pytest.approx(15.0)
+    assert stage_bias(stages[stages["id"] == "r3"]).empty
 
 
 def test_unknown_run_is_refused(capsys):

@@ -49,6 +49,12 @@ def run(args) -> int:
     print(result.bias().to_string(float_format=lambda x: f"{x:+6.1f}"))
     print("(tail_runs: runs whose measured TTFT mean lies above its p90 in a load stage, a "
           "startup tail no steady state has: read their TTFT p90)")
+    stages = result.stage_bias()
+    if not stages.empty:
+        print("\nthe same by load stage, runs of two stages (stage 0 the lower rate, req/s): "
+              "how the error moves with the batch")
+        print(stages.to_string(float_format=lambda x: f"{x:+6.1f}",
+                               formatters={"rate": lambda x: f"{x:4.0f}"}))
     print(f"\n{len(result.skipped)} measured runs not replayed (see --json 'skipped')")
     return 0
 

@@ -11,6 +11,9 @@ metrics compared with the measured ones as absolute percentage error,
     result.median_ape       # {metric: median APE %} over the fitted runs
     result.median_ape_holdout
     result.bias()           # mean signed error % per model and layout: which way it is off
+    result.stages           # one row per run and load stage: measured_*, simulated_*
+    result.stage_bias()     # the signed error per model and stage, two-stage runs: how it
+                            # moves with the load
     result.to_json()        # {"experiments": [...], "median_ape": ..., "median_ape_holdout": ...}
 
 APE says how far off a run is; the signed error, averaged over a model's runs, says which
@@ -41,12 +44,16 @@ GOAL_METRICS = ("e2e_mean", "ttft_mean", "tpot")
 BIAS_METRICS = ("e2e_mean", "ttft_mean", "ttft_p90", "tpot")
 
 
+STAGE_METRICS = ("ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "tpot")
+
+
 @dataclass
 class ValidationResult:
     experiments: pd.DataFrame
     skipped: pd.DataFrame
     duration_scale: float
     wall_s: float = 0.0
+    stages: pd.DataFrame = field(default_factory=pd.DataFrame)
     median_ape: dict = field(init=False)
     median_ape_holdout: dict = field(init=False)
 
@@ -64,6 +71,8 @@ class ValidationResult:
                      "met_on_holdout": all(self.median_ape_holdout.get(m, math.inf) <= GOAL_APE
                                            for m in GOAL_METRICS)},
             "bias": self.bias().reset_index().to_dict(orient="records"),
+            "stages": self.stages.to_dict(orient="records"),
+            "stage_bias": self.stage_bias().reset_index().to_dict(orient="records"),
             "skipped": self.skipped.to_dict(orient="records"),
             "settings": {"duration_scale": self.duration_scale, "wall_s": self.wall_s},
         })
@@ -75,21 +84,40 @@ class ValidationResult:
     def bias(self) -> pd.DataFrame:
         return signed_bias(self.experiments)
 
+    def stage_bias(self) -> pd.DataFrame:
+        return stage_bias(self.stages)
 
-def signed_bias(experiments: pd.DataFrame, metrics=BIAS_METRICS) -> pd.DataFrame:
-    """Per model and layout: the mean over its runs of (simulated / measured - 1) x 100
-    for each metric (below 0: the simulator is faster than the measured runs), the parts
-    its runs belong to, how many there are and how many of them carry a startup tail
-    (`tail_runs`: a stage's measured TTFT mean above its p90, `runs.py`). `experiments`:
-    `ValidationResult.experiments` or the stored JSON's "experiments" as a DataFrame."""
+
+def signed_bias(experiments: pd.DataFrame, metrics=BIAS_METRICS,
+                by=("model", "layout")) -> pd.DataFrame:
+    """Per model and layout (`by`): the mean over its runs of (simulated / measured - 1)
+    x 100 for each metric (below 0: the simulator is faster than the measured runs), the
+    parts its runs belong to, how many there are and how many of them carry a startup
+    tail (`tail_runs`: a stage's measured TTFT mean above its p90, `runs.py`).
+    `experiments`: `ValidationResult.experiments` or the stored JSON's "experiments" as a
+    DataFrame (or its stage rows: `stage_bias`)."""
     signed = experiments.assign(**{m: (experiments[f"simulated_{m}"]
                                        / experiments[f"measured_{m}"] - 1.0) * 100.0
                                    for m in metrics})
-    groups = signed.groupby(["model", "layout"])
+    groups = signed.groupby(list(by))
     out = groups[list(metrics)].mean()
     out.insert(0, "tail_runs", groups["measured_ttft_tail"].sum().astype(int))
     out.insert(0, "runs", groups.size())
     out.insert(0, "part", groups["part"].agg(lambda p: "/".join(sorted(set(p)))))
+    return out
+
+
+def stage_bias(stages: pd.DataFrame) -> pd.DataFrame:
+    """The signed error per model, layout and load stage, over the runs of more than one
+    stage (the stages of one run are one deployment at rising loads: an error that grows
+    from stage 0 to stage 1 grows with the batch). `stages`: `ValidationResult.stages` or
+    the stored JSON's "stages" as a DataFrame."""
+    if stages.empty:
+        return pd.DataFrame()
+    several = stages[stages.groupby("id")["stage"].transform("size") > 1]
+    out = signed_bias(several, ("ttft_mean", "ttft_p90", "tpot"),
+                      by=("model", "layout", "stage"))
+    out.insert(2, "rate", several.groupby(["model", "layout", "stage"])["rate"].mean())
     return out
 
 
@@ -116,11 +144,14 @@ def validate(data_dir, duration_scale: float = DEFAULT_SCALE, run_ids=None,
                            f"{', '.join(todo['id'])}")
         todo = todo[todo["id"].isin(run_ids)]
     start = time.perf_counter()
-    rows = []
+    rows, stage_rows = [], []
     for _, run in tqdm(list(todo.iterrows()), desc="validate", disable=not progress):
-        rows.append(_compare(run, simulate_run(run, duration_scale)))
+        simulated = simulate_run(run, duration_scale)
+        rows.append(_compare(run, simulated))
+        stage_rows += _compare_stages(run, simulated)
     return ValidationResult(pd.DataFrame(rows), skipped.reset_index(drop=True),
-                            duration_scale, time.perf_counter() - start)
+                            duration_scale, time.perf_counter() - start,
+                            pd.DataFrame(stage_rows))
 
 
 def _compare(run, simulated: dict) -> dict:
@@ -134,6 +165,20 @@ def _compare(run, simulated: dict) -> dict:
     row["measured_ttft_tail"] = bool(run["ttft_tail"])
     row["requests"] = simulated["requests"]
     return row
+
+
+def _compare_stages(run, simulated: dict) -> list[dict]:
+    """One row per load stage the run's file measured: its rate, the measured and
+    simulated metrics (the startup-tail flag of the stage itself)."""
+    rows = []
+    for k, (measured, sim) in enumerate(zip(run["stage_measured"], simulated["stages"])):
+        row = {key: run[key] for key in ("id", "part", "model", "layout", "workload")}
+        row.update(stage=k, rate=float(run["stages"][k][0]), requests=sim["requests"],
+                   measured_ttft_tail=bool(measured["ttft_mean"] > measured["ttft_p90"]))
+        for m in STAGE_METRICS:
+            row[f"measured_{m}"], row[f"simulated_{m}"] = float(measured[m]), float(sim[m])
+        rows.append(row)
+    return rows
 
 
 def _clean(value):

@@ -24,7 +24,10 @@ memory utilisation).
 (E2E mean - TTFT mean) / (output tokens - 1) with the workload's nominal output length
 (the requests ran with `ignore_eos`; the client's own token counts are unreliable, the
 README's `derived_tpot_nominal_ms`); throughput in tokens/s, prompt plus nominal output
-tokens per second (default_args only: s2r publishes no rates).
+tokens per second (default_args only: s2r publishes no rates). The same per load stage
+too (`stage_measured`, one dict per stage in the order they ran; empty where a file has no
+stage rows): a two-stage run's stages are one deployment at two loads, so they show how
+the simulator's error moves with the batch.
 
 **A startup tail** (`ttft_tail`): in some runs a load stage's TTFT *mean* lies above
 its own p90 -- a few requests took ten times the p90 (the Mixtral runs' first stage in
@@ -112,8 +115,8 @@ def _row(run_id, source, part, model_name, hardware, tp, knobs, workload, prompt
 
 def _default_args(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    tails = _stage_tails(frame[frame["stage"] != "summary"], "experiment", "ttft_mean_ms",
-                         "ttft_p90_ms")
+    stage_rows = _stage_rows(frame[frame["stage"] != "summary"], "experiment",
+                             frame["stage"].str.removeprefix("stage_"))
     for _, r in frame[frame["stage"] == "summary"].iterrows():
         workload = next(w for w in WORKLOADS if r["experiment"].endswith(w))
         spec = WORKLOADS[workload]
@@ -122,7 +125,8 @@ def _default_args(frame: pd.DataFrame) -> pd.DataFrame:
         out = spec["output_len"]
         measured = _measured(r["ttft_mean_ms"], r["ttft_p90_ms"], r["e2e_mean_ms"],
                              r["e2e_p90_ms"], out)
-        measured["ttft_tail"] = tails.get(r["experiment"], False)
+        measured.update(_per_stage(stage_rows.get(r["experiment"], []), "ttft_mean_ms",
+                                   "ttft_p90_ms", "e2e_mean_ms", "e2e_p90_ms", out))
         # tokens per second the client sent and received, nominal output lengths
         measured["throughput"] = float(r["input_tokens_per_sec"]
                                        + r["requests_per_sec"] * out)
@@ -144,7 +148,7 @@ def _prompt_offsets(default: pd.DataFrame) -> dict:
 
 def _s2r(frame: pd.DataFrame, offsets: dict) -> pd.DataFrame:
     rows = []
-    tails = _stage_tails(frame[frame["stage_index"] >= 0], "folder", "ttft_mean", "ttft_p90")
+    stage_rows = _stage_rows(frame[frame["stage_index"] >= 0], "folder", frame["stage_index"])
     for _, r in frame[frame["stage_index"] == -1].iterrows():
         workload = str(r["workload"])
         skip = None
@@ -156,7 +160,8 @@ def _s2r(frame: pd.DataFrame, offsets: dict) -> pd.DataFrame:
         out = spec["output_len"] if spec else np.nan
         measured = _measured(r["ttft_mean"], r["ttft_p90"], r["e2e_mean"], r["e2e_p90"], out)
         measured["throughput"] = np.nan
-        measured["ttft_tail"] = tails.get(r["folder"], False)
+        measured.update(_per_stage(stage_rows.get(r["folder"], []), "ttft_mean", "ttft_p90",
+                                   "e2e_mean", "e2e_p90", out))
         util = r["gpu_mem_util"] if pd.notna(r["gpu_mem_util"]) else 0.9
         knobs = dict(max_num_batched_tokens=int(r["max_num_batched_tokens"]), max_num_seqs=128,
                      max_model_len=4096, gpu_memory_utilization=float(util))
@@ -168,10 +173,22 @@ def _s2r(frame: pd.DataFrame, offsets: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _stage_tails(stages: pd.DataFrame, run: str, mean: str, p90: str) -> dict:
-    """{run: whether one of its load stages has a TTFT mean above its own p90} (a
-    startup tail, see the module docstring)."""
-    return (stages[mean] > stages[p90]).groupby(stages[run]).any().to_dict()
+def _stage_rows(stages: pd.DataFrame, run: str, index: pd.Series) -> dict:
+    """{run: its load stages' rows, in the order they ran} (a stage listed twice, as
+    some train/val rows are, once)."""
+    order = stages.assign(_k=index.loc[stages.index].astype(int)).sort_values("_k") \
+        .drop_duplicates([run, "_k"])
+    return {key: [row for _, row in rows.iterrows()] for key, rows in order.groupby(run)}
+
+
+def _per_stage(rows: list, ttft_mean: str, ttft_p90: str, e2e_mean: str, e2e_p90: str,
+               output_len) -> dict:
+    """A run's `stage_measured` (each load stage's metrics, as the run's own) and
+    `ttft_tail` (a stage whose TTFT mean lies above its p90: the module docstring)."""
+    stages = tuple(_measured(r[ttft_mean], r[ttft_p90], r[e2e_mean], r[e2e_p90], output_len)
+                   for r in rows)
+    return {"stage_measured": stages,
+            "ttft_tail": any(st["ttft_mean"] > st["ttft_p90"] for st in stages)}
 
 
 def _measured(ttft_mean, ttft_p90, e2e_mean, e2e_p90, output_len) -> dict:

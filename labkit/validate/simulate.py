@@ -48,20 +48,35 @@ def engine_for(run, params: OverheadParams = FITTED) -> Engine:
 
 def simulate_run(run, duration_scale: float = 0.1, params: OverheadParams = FITTED,
                  frontend_s: float = FRONTEND_S) -> dict:
-    """The client-side metrics of one replayed run (seconds; throughput in tokens/s)."""
+    """The client-side metrics of one replayed run (seconds; throughput in tokens/s),
+    and under "stages" the same per load stage: those of the requests sent in it."""
     trace = shared_prefix_trace(run["stages"], int(round(run["prompt_len"])),
                                 int(run["system_len"]), int(run["output_len"]), duration_scale)
     engine = engine_for(run, params)
     table = engine.replay(trace, open_loop=True).requests.sort_values("arrival_s")
     warm = table.iloc[GROUPS * PROMPTS_PER_GROUP:]
     done = warm[warm["completed"].astype(bool)]
-    ttft = done["ttft_s"].to_numpy() + frontend_s
-    e2e = done["e2el_s"].to_numpy() + frontend_s
     sending = sum(seconds for _, seconds in run["stages"]) * duration_scale
     done_all = table[table["completed"].astype(bool)]
     tokens = float((done_all["input_tokens"] + done_all["output_tokens"]).sum())
+    ends = np.cumsum([seconds * duration_scale for _, seconds in run["stages"]])
+    stage = np.searchsorted(ends, done["arrival_s"].to_numpy(), side="right")
+    stages = [_client_metrics(done[stage == k], run["output_len"], frontend_s)
+              for k in range(len(ends))]
+    return {**_client_metrics(done, run["output_len"], frontend_s),
+            "throughput": tokens / sending, "completed": int(len(done_all)),
+            "requests": int(len(table)), "stages": stages}
+
+
+def _client_metrics(done, output_len: int, frontend_s: float) -> dict:
+    """TTFT and E2E mean / p90 and TPOT of these requests as the client saw them (NaN
+    where there are none: a stage all inside the cold cycle of a short replay)."""
+    if not len(done):
+        return {"ttft_mean": np.nan, "ttft_p90": np.nan, "e2e_mean": np.nan,
+                "e2e_p90": np.nan, "tpot": np.nan, "requests": 0}
+    ttft = done["ttft_s"].to_numpy() + frontend_s
+    e2e = done["e2el_s"].to_numpy() + frontend_s
     return {"ttft_mean": float(ttft.mean()), "ttft_p90": float(np.percentile(ttft, 90)),
             "e2e_mean": float(e2e.mean()), "e2e_p90": float(np.percentile(e2e, 90)),
-            "tpot": float((e2e.mean() - ttft.mean()) / (run["output_len"] - 1)),
-            "throughput": tokens / sending, "completed": int(len(done_all)),
-            "requests": int(len(table))}
+            "tpot": float((e2e.mean() - ttft.mean()) / (output_len - 1)),
+            "requests": int(len(done))}
