@@ -42,8 +42,7 @@ GOAL_METRICS = ("e2e_mean", "ttft_mean", "tpot")
 # the signed error's columns: the goal's, and the TTFT p90, which a startup tail in the
 # measured run (`runs.py`) leaves alone where it moves the mean
 BIAS_METRICS = ("e2e_mean", "ttft_mean", "ttft_p90", "tpot")
-
-
+# what both files publish per load stage (`ValidationResult.stages`)
 STAGE_METRICS = ("ttft_mean", "ttft_p90", "e2e_mean", "e2e_p90", "tpot")
 
 
