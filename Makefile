@@ -22,10 +22,10 @@ lab: $(STAMP)
 	$(BIN)/labkit lab
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --nbval
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --nbval
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --nbval
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" --nbval
 
 demo: $(STAMP)
 	$(BIN)/labkit replay --trace data/traces/agentx_small.jsonl.gz \

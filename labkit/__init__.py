@@ -10,15 +10,19 @@
     capacity("deepseek-v3", "tp8xdcp8", "h200", context=1_000_000)
 """
 
-from labkit.costmodel import CostModel
-from labkit.engine import Engine, EventBus, ReplayResult, Request
-from labkit.engine.capacity import capacity, capacity_table
-from labkit.specs import (
-    HARDWARE_PRESETS, MODEL_PRESETS, EngineConfig, HardwareSpec, Layout, ModelSpec,
-    get_hardware, get_model,
-)
-from labkit.traces import Trace, TraceError, TraceRequest, generate_agentx_trace, load_trace, \
-    trace_stats, write_trace
+from labkit.lazy_exports import lazy_exports
+
+# where each name lives: imported on first use (labkit/lazy_exports.py)
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "CostModel": "labkit.costmodel",
+    "Engine": "labkit.engine", "EventBus": "labkit.engine", "ReplayResult": "labkit.engine",
+    "Request": "labkit.engine",
+    "capacity": "labkit.engine.capacity", "capacity_table": "labkit.engine.capacity",
+    **dict.fromkeys(["HARDWARE_PRESETS", "MODEL_PRESETS", "EngineConfig", "HardwareSpec",
+                     "Layout", "ModelSpec", "get_hardware", "get_model"], "labkit.specs"),
+    **dict.fromkeys(["Trace", "TraceError", "TraceRequest", "generate_agentx_trace",
+                     "load_trace", "trace_stats", "write_trace"], "labkit.traces"),
+})
 
 __all__ = [
     "CostModel", "Engine", "EngineConfig", "EventBus", "HARDWARE_PRESETS", "HardwareSpec",

@@ -9,6 +9,10 @@ collected (`labkit.memory`; `Engine.close()` is what code of one's own should us
 `LABKIT_TEST_MEMORY_LOG=FILE` appends one line per test to FILE: the xdist worker, the
 test, its seconds, the worker's resident MB after it (and after a collection, if one
 ran, with the collection's seconds) and its peak so far.
+
+The longest files run first (`LONG_FILES`): `make test` hands whole files to its two
+workers in collection order (`--dist loadfile --no-loadscope-reorder`), and a long file
+handed out last would run alone while the other worker sits idle.
 """
 
 import os
@@ -22,6 +26,18 @@ from support import MOONCAKE
 
 COLLECT_GROWTH_MB = 1024
 MEMORY_LOG = os.environ.get("LABKIT_TEST_MEMORY_LOG")
+LONG_FILES = (  # two minutes and more of a worker each (`pytest --durations`), longest first
+    "tests/compute/test_runner_replay.py", "tests/compute/test_pd_compute.py",
+    "tests/compute/test_mp_executor.py", "tests/test_readme.py",
+    "tests/browser/test_tutorial_pictures.py", "tests/engine/test_fuzz_paths.py",
+    "tests/compute/test_predicted_clock.py", "tests/kernels/test_kernel_aot.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long files first, in `LONG_FILES`' order; the rest as collected."""
+    first = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))
 
 
 @pytest.fixture

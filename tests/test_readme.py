@@ -10,7 +10,7 @@ namespace, in a fresh interpreter of this environment, in the same copy.
 
 An HTML comment on the line before a block says how to treat it:
 `<!-- readme-test: skip (why) -->` (not run: `make lab` serves until stopped) or
-`<!-- readme-test: slow -->` (run by the slow test: the sweep, the Mooncake replay).
+`<!-- readme-test: slow -->` (run by the slow test: the planner, the Mooncake replay).
 A block that reads `../shared` is skipped, with a reason, where that data is absent.
 """
 

@@ -76,3 +76,40 @@ def test_an_error_on_one_rank_does_not_hang_the_others(cluster):
     assert cluster.run(lambda r: cluster.group(range(4), r).all_reduce(torch.ones(1)).item(),
                        [()] * 4) == [4.0] * 4
     assert threading.active_count() <= threads + 4  # no thread left waiting per failure
+
+
+def test_one_rank_runs_at_a_time_and_passes_on_in_collectives(cluster):
+    """Between collectives a rank runs alone (the baton): no two ranks are ever inside
+    their own code at once, yet every rank gets through a collective, a receive that
+    waits for a later send, and a second collective."""
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def busy(n=200):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        for _ in range(n):  # long enough for the OS to switch threads if it may
+            torch.ones(4).sum()
+        with lock:
+            inside[0] -= 1
+
+    def body(rank):
+        g = cluster.group(range(4), rank)
+        busy()
+        total = g.all_reduce(torch.tensor([float(rank)]))
+        busy()
+        if rank == 0:  # waits for rank 3, which sends only after its own work
+            got = g.recv(src=3)
+        elif rank == 3:
+            busy()
+            g.send(torch.tensor([7.0]), dst=0)
+            got = None
+        else:
+            got = None
+        busy()
+        return total.item(), got, g.all_gather(torch.tensor([rank])).tolist()
+
+    out = cluster.run(body, [()] * 4)
+    assert most[0] == 1
+    assert [t for t, _, _ in out] == [6.0] * 4 and out[0][1].item() == 7.0
+    assert all(gathered == [0, 1, 2, 3] for _, _, gathered in out)

@@ -1,7 +1,7 @@
 """A few fixed seeds of the paths fuzzer (`tests/fuzz_paths.py`): random presets,
 layouts, knobs and loads, each replayed on the reference path and the default, bit for
 bit. The fuzzer runs for as long as one likes from the command line; these seeds keep a
-broad sample of it in the suite (~45 s)."""
+broad sample of it in the suite (~2 min on two cores)."""
 
 import random
 
@@ -11,7 +11,9 @@ from tests.fuzz_paths import check_case, random_case
 
 SAMPLES = {  # against which path, P/D or not, seeds, how many must be legal cases
     "fast-forward, one engine": ("step", False, range(30), 18),
-    "fast-forward, P/D": ("step", True, range(22), 12),
+    # (seed 19, a P/D case of 28 s alone -- as long as the other 21 together -- is left
+    # to the command-line fuzzer, whose first case is it: `fuzz_paths.py 19 1 --pd`)
+    "fast-forward, P/D": ("step", True, [s for s in range(22) if s != 19], 12),
     "memo": ("memo", False, range(40, 56), 8),
     "driven by hand": ("drive", False, range(60, 80), 12),
     "driven by hand, P/D": ("drive", True, range(80, 88), 4),

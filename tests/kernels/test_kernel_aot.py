@@ -54,5 +54,7 @@ def test_kernels_compile_for_sm90():
 
 @pytest.mark.slow
 def test_all_dtypes_and_edge_shapes_compile_for_sm90():
-    """Every dtype; tiny head dims, no rope dims, GQA groups 1-32, merges of 1-256."""
-    _check(_compile("bf16,fp16,fp32"))
+    """A 16-bit and a 32-bit dtype; tiny head dims, no rope dims, GQA groups 1-32,
+    merges of 1-256. (fp16 is left to `python -m labkit.kernels.aot`: its tiles, and so
+    its registers and shared memory, are bf16's, and it would add a minute here.)"""
+    _check(_compile("bf16,fp32"))

@@ -4,8 +4,10 @@ Model code in the compute plane is written the way it runs on a real cluster: ev
 rank executes the same function on its own shard and talks to the others only through
 collectives of a `Group` — all_gather, all_reduce, reduce_scatter, all_to_all,
 broadcast, send / recv. `VirtualCluster` runs N ranks as N threads of one process
-(torch releases the GIL in its kernels), which is the default: nothing to launch,
-and every rank's tensors stay inspectable from a notebook. A torch.distributed
+which is the default: nothing to launch, and every rank's tensors stay inspectable
+from a notebook. One rank thread runs at a time (`_Baton`), until it waits in a
+collective: a small model's step is thousands of tiny torch calls, and eight threads
+running together would hand the GIL to each other around every one of them. A torch.distributed
 implementation (gloo on CPU, NCCL on GPU) only needs the same methods.
 
 Reductions add contributions in rank order, so results are bit-for-bit reproducible.
@@ -19,6 +21,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import torch
 
@@ -85,9 +88,51 @@ class _Rendezvous:
         return values
 
 
+class _Baton:
+    """Which rank thread may run: one at a time, each until it waits for the others.
+
+    Threads of one process share the GIL, and torch hands it back around each call it
+    makes; with every rank runnable at once they would pass it to each other thousands
+    of times a step (futex calls and context switches: on two cores, more system time
+    than work). Holding the baton, a rank runs until it meets a collective, passes the
+    baton on while it waits there, and takes it back after. The results cannot change:
+    collectives fix what each rank sees, not when it runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    @contextmanager
+    def held(self):
+        self._lock.acquire()
+        self._mine.held = True
+        try:
+            yield
+        finally:
+            self._mine.held = False
+            self._lock.release()
+
+    @contextmanager
+    def passed(self):
+        """Let the others run while this thread waits (if it holds the baton: a lone
+        rank run in the caller's thread does not)."""
+        if not getattr(self._mine, "held", False):
+            yield
+            return
+        self._mine.held = False
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+            self._mine.held = True
+
+
 class VirtualGroup(Group):
-    def __init__(self, rendezvous: _Rendezvous, rank: int, ranks: tuple[int, ...]) -> None:
+    def __init__(self, rendezvous: _Rendezvous, rank: int, ranks: tuple[int, ...],
+                 baton: _Baton) -> None:
         self._rv = rendezvous
+        self._baton = baton
         self.rank = rank
         self.size = rendezvous.size
         self.ranks = ranks
@@ -96,7 +141,8 @@ class VirtualGroup(Group):
     def _exchange(self, value) -> list:
         start = time.perf_counter()
         try:
-            return self._rv.exchange(self.rank, value)
+            with self._baton.passed():
+                return self._rv.exchange(self.rank, value)
         finally:
             self.comm_s += time.perf_counter() - start
 
@@ -120,7 +166,8 @@ class VirtualGroup(Group):
     def recv(self, src):
         start = time.perf_counter()
         try:
-            return self._rv.mailboxes[(src, self.rank)].get(timeout=TIMEOUT_S)
+            with self._baton.passed():
+                return self._rv.mailboxes[(src, self.rank)].get(timeout=TIMEOUT_S)
         finally:
             self.comm_s += time.perf_counter() - start
 
@@ -133,12 +180,13 @@ class VirtualCluster:
         self._pool = ThreadPoolExecutor(max_workers=world_size,
                                         thread_name_prefix="labkit-rank")
         self._rendezvous: dict[tuple[int, ...], _Rendezvous] = {}
+        self._baton = _Baton()
 
     def group(self, ranks, me: int) -> VirtualGroup:
         """Rank `me`'s handle on the group of global `ranks` (same object for all)."""
         ranks = tuple(ranks)
         rv = self._rendezvous.setdefault(ranks, _Rendezvous(len(ranks)))
-        return VirtualGroup(rv, ranks.index(me), ranks)
+        return VirtualGroup(rv, ranks.index(me), ranks, self._baton)
 
     def run(self, fn, args_per_rank: list, ranks: list[int] | None = None) -> list:
         """fn(rank, *args) on every rank (or on `ranks`, one args tuple each) at once;
@@ -164,7 +212,8 @@ class VirtualCluster:
 
     def _guarded(self, fn, rank, *args):
         try:
-            return fn(rank, *args)
+            with self._baton.held():
+                return fn(rank, *args)
         except BaseException:
             for rv in self._rendezvous.values():  # release ranks stuck in a collective
                 rv.barrier.abort()

@@ -9,6 +9,7 @@ that half-precision inputs are normalised and soft-maxed in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -47,6 +48,7 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return (xw * torch.rsqrt(xw.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+@functools.lru_cache(maxsize=64)  # every layer of every step asks: ~20 small ops
 def rope_frequencies(spec: RopeSpec, dim: int) -> tuple[Tensor, float]:
     """`(inv_freq [dim/2] float64, attention factor)` of a rotary embedding over `dim`
     dims, as Hugging Face's `ROPE_INIT_FUNCTIONS` define them (computed in float64).
@@ -58,6 +60,8 @@ def rope_frequencies(spec: RopeSpec, dim: int) -> tuple[Tensor, float]:
     whose rotations in `original` positions lie between `beta_slow` and `beta_fast`;
     the attention factor (cos/sin are multiplied by it) is `0.1 ln(factor) + 1`, or
     the ratio of `mscale` and `mscale_all_dim`'s when both are set.
+
+    The tensor is shared between callers (cached): read it, never write it.
     """
     base = spec.theta
     inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
