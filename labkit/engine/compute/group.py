@@ -98,7 +98,9 @@ class _Baton:
     thousands of times a step (futex calls and context switches: eight ranks on two
     cores spent more system time than work). Holding a turn, a rank runs until it meets
     a collective, gives its turn up while it waits there, and takes one back after.
-    The results cannot change: collectives fix what each rank sees, not when it runs."""
+    The results cannot change: collectives fix what each rank sees, not when it runs.
+    The one rule it adds: a rank waits for another only through this module's
+    collectives (one blocked elsewhere keeps its turn, which the other may need)."""
 
     def __init__(self, running: int) -> None:
         self._turns = threading.Semaphore(running)
