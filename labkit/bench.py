@@ -55,20 +55,25 @@ def shared_data_dir() -> Path | None:
 
 def run_bench(target: str, quick: bool = False, duration_s: float | None = None,
               breakdown: bool = False, against: str | None = None,
-              repeat: int | None = None) -> int:
+              repeat: int | None = None, calls: bool = False) -> int:
     for flag, given in (("--breakdown", breakdown), ("--against", against),
-                        ("--repeat", repeat is not None)):
+                        ("--repeat", repeat is not None), ("--calls", calls)):
         if given and target != "sim":
             raise ConfigError(f"{flag} applies to `labkit bench sim` only, not {target!r}")
-    if breakdown and against:
-        raise ConfigError("--breakdown and --against are two different runs: give one")
-    if repeat is not None and (repeat < 1 or breakdown):
+    if sum(map(bool, (breakdown, against, calls))) > 1:
+        raise ConfigError("--breakdown, --against and --calls are different runs: give one")
+    if repeat is not None and (repeat < 1 or breakdown or calls):
         raise ConfigError(f"--repeat takes a count of runs, 1 or more, and not with "
-                          f"--breakdown (got {repeat})")
+                          f"--breakdown or --calls (got {repeat})")
     if target == "sim" and against:
         from labkit.bench_against import bench_against
 
         bench_against(against, duration_s or (120.0 if quick else 600.0), rounds=repeat or 2)
+    elif target == "sim" and calls:
+        from labkit.bench_sim import bench_sim_calls
+
+        print("labkit bench sim --calls — the function calls the simulator makes")
+        bench_sim_calls(duration_s or (120.0 if quick else 600.0))
     elif target == "sim" and breakdown:
         from labkit.bench_sim import bench_sim_breakdown
 

@@ -183,6 +183,35 @@ def bench_sim_breakdown(duration_s: float = 600.0) -> pd.DataFrame:
     return df
 
 
+def bench_sim_calls(duration_s: float = 600.0, top: int = 25) -> pd.DataFrame:
+    """The fast workload's calls (`sim_profile.call_counter`): the same in every run of
+    the same code, so a change's effect on the interpreter's work shows exactly where
+    the machine's noise hides its CPU time. A short replay first loads what a first
+    replay loads (compiled loops, lazily imported modules), which is not counted."""
+    from labkit import Engine
+    from labkit.sim_profile import call_counter
+
+    label, knobs, trace = fast_workload()
+    timed_replay(knobs, trace, min(duration_s, 30.0), cache=True)
+    engine = Engine(**knobs, sim_step_cache=True)
+    gc.collect()
+    with call_counter() as counter:
+        result = engine.replay(trace, concurrency=64, duration_s=duration_s,
+                               start_part_way=False)
+    df = counter.frame()
+    python, builtin = (int(df.loc[df["kind"] == k, "calls"].sum()) for k in ("python",
+                                                                          "builtin"))
+    rank_steps = len(result.steps)
+    print(f"  {label}, {duration_s:.0f} sim s ({rank_steps:,} rank-steps): "
+          f"{python:,} Python calls ({python / rank_steps:.2f} a rank-step), "
+          f"{builtin:,} built-in calls")
+    for kind in ("python", "builtin"):
+        print(f"    most called, {kind}:")
+        for row in df[df["kind"] == kind].head(top).itertuples():
+            print(f"      {row.calls:>9,}  {row.function}")
+    return df
+
+
 def _row(label: str, path: str, result, cpu: float, wall: float) -> dict:
     s = result.summary
     return {"workload": label, "path": path, "sim_s": s["sim_duration_s"], "steps": s["steps"],

@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--breakdown", action="store_true",
                        help="sim: only the fast workload of (b), its CPU time split by "
                             "engine component")
+    bench.add_argument("--calls", action="store_true",
+                       help="sim: only the fast workload of (b), the Python and built-in "
+                            "function calls it makes (the same in every run: what a "
+                            "change does to the interpreter's work, free of the "
+                            "machine's noise)")
     bench.add_argument("--against", metavar="REF", default=None,
                        help="sim: only the fast workload of (b), with this tree and with "
                             "labkit as it was at git revision REF, alternated")
@@ -305,7 +310,7 @@ def _run(args) -> int:
 
         return run_bench(args.target, quick=args.quick, duration_s=args.duration_s,
                          breakdown=args.breakdown, against=args.against,
-                         repeat=args.repeat)
+                         repeat=args.repeat, calls=args.calls)
     return 0
 
 

@@ -17,11 +17,21 @@ on the calling thread (the compute plane's rank threads would mix their calls).
     clock.frame()  # component, group, calls, cpu_s, share
 
 `labkit bench sim --breakdown` prints it for the simulator's speed benchmark.
+
+Times on a shared machine vary by a quarter between identical runs, which hides the few
+per cent a change to the engine's Python usually makes. What the interpreter *does* does
+not vary: `call_counter` counts the calls a block makes — of Python functions, by
+function, and of built-in ones (numpy's and Python's functions written in C, by name;
+calling a ufunc or a compiled numba loop is not such a call and is not counted) — the
+same numbers in every run of the same replay. A Python call costs the engine about a
+microsecond, so fewer calls is less work whatever the machine's load
+(`labkit bench sim --calls`).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -110,3 +120,57 @@ def component_clock(parts=ENGINE_PARTS):
         yield clock
     finally:
         clock.uninstall()
+
+
+class CallCounter:
+    """Calls of Python functions (by code object) and of built-in functions (by name)
+    while installed, on the installing thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.python: Counter = Counter()
+        self.builtin: Counter = Counter()
+
+    def _count(self, frame, event: str, arg) -> None:
+        if event == "call":
+            self.python[frame.f_code] += 1
+        elif event == "c_call":
+            self.builtin[_builtin_name(arg)] += 1
+
+    def frame(self) -> pd.DataFrame:
+        """One row per function called: kind ("python" / "builtin"), function (a Python
+        one as file:line qualified name), calls; most called first."""
+        rows = [("python", f"{_short_path(code.co_filename)}:{code.co_firstlineno} "
+                           f"{code.co_qualname}", n) for code, n in self.python.items()]
+        rows += [("builtin", name, n) for name, n in self.builtin.items()]
+        df = pd.DataFrame(rows, columns=["kind", "function", "calls"])
+        return df.sort_values(["calls", "function"], ascending=[False, True],
+                              ignore_index=True)
+
+
+def _builtin_name(fn) -> str:
+    owner = getattr(fn, "__self__", None)
+    qualname = getattr(fn, "__qualname__", None) or repr(fn)
+    if owner is None or isinstance(owner, type(sys)):  # a module's function
+        return f"{getattr(fn, '__module__', None) or ''}.{qualname}".lstrip(".")
+    return qualname  # a method, e.g. "list.append", "ndarray.sum"
+
+
+def _short_path(filename: str) -> str:
+    """A file's path from its package on (labkit/engine/engine.py, numpy/..)."""
+    for root in ("labkit", "numpy", "pandas", "numba"):
+        at = filename.rfind(f"/{root}/")
+        if at >= 0:
+            return filename[at + 1 :]
+    return filename
+
+
+@contextmanager
+def call_counter():
+    """Count the calls the block makes (`CallCounter`); the thread's profiler, if it
+    had one, is put back after."""
+    counter, previous = CallCounter(), sys.getprofile()
+    sys.setprofile(counter._count)
+    try:
+        yield counter
+    finally:
+        sys.setprofile(previous)

@@ -252,6 +252,18 @@ def test_bench_sim_breakdown_prints_the_components_and_only_for_sim(capsys):
     assert code == 2 and "--breakdown applies to `labkit bench sim` only" in err
 
 
+def test_bench_sim_calls_prints_the_counts_and_only_for_sim(capsys):
+    code, out, _ = run(capsys, "bench", "sim", "--calls", "--duration-s", "3")
+    assert code == 0
+    counts = re.search(r"([0-9,]+) Python calls \(([0-9.]+) a rank-step\), ([0-9,]+) built-in", out)
+    assert counts and int(counts.group(1).replace(",", "")) > 1000, out
+    assert "labkit/engine/" in out and "builtins.len" in out
+    code, _, err = run(capsys, "bench", "kv", "--calls")
+    assert code == 2 and "--calls applies to `labkit bench sim` only" in err
+    code, _, err = run(capsys, "bench", "sim", "--calls", "--breakdown")
+    assert code == 2 and "give one" in err
+
+
 def test_bench_repeat_is_a_count_of_runs_for_sim_only(capsys):
     code, _, err = run(capsys, "bench", "sim", "--repeat", "0")
     assert code == 2 and "--repeat takes a count of runs, 1 or more" in err

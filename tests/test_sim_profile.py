@@ -7,7 +7,9 @@ from labkit import Engine, generate_agentx_trace
 from labkit.bench_sim import _identical
 from labkit.engine.kv.block_pool import BlockPool
 from labkit.engine import instance as instance_module
-from labkit.sim_profile import component_clock
+import sys
+
+from labkit.sim_profile import call_counter, component_clock
 
 
 def _busy(seconds: float) -> None:
@@ -82,3 +84,46 @@ def test_a_part_that_does_not_exist_fails_and_leaves_nothing_wrapped():
     except KeyError:
         pass
     assert Toy.__dict__["outer"] is original
+
+
+def _leaf(xs):
+    return len(xs)
+
+
+def _caller(n):
+    for _ in range(n):
+        _leaf([1, 2])
+    return sorted([3, 1])
+
+
+def test_the_call_counter_counts_each_call_and_puts_the_profiler_back():
+    before = sys.getprofile()
+    with call_counter() as counter:
+        _caller(7)
+        _caller(5)
+    assert sys.getprofile() is before
+    df = counter.frame()
+    python = dict(zip(df.loc[df["kind"] == "python", "function"],
+                      df.loc[df["kind"] == "python", "calls"]))
+    name = lambda fn: f"{__file__}:{fn.__code__.co_firstlineno} {fn.__qualname__}"
+    assert python[name(_leaf)] == 12 and python[name(_caller)] == 2
+    builtin = dict(zip(df.loc[df["kind"] == "builtin", "function"],
+                       df.loc[df["kind"] == "builtin", "calls"]))
+    assert builtin["builtins.len"] == 12 and builtin["builtins.sorted"] == 2
+    # nothing counted once the block is over
+    _caller(3)
+    assert counter.frame()["calls"].sum() == df["calls"].sum()
+
+
+def test_the_same_replay_makes_the_same_calls():
+    """What makes the count worth having: no noise. (A first replay loads the compiled
+    loops and lazy modules; the two counted ones come after it.)"""
+    _replay()
+    counts = []
+    for _ in range(2):
+        with call_counter() as counter:
+            _replay()
+        df = counter.frame()
+        counts.append(df.set_index(["kind", "function"])["calls"])
+    assert counts[0].sum() > 10_000
+    assert counts[0].equals(counts[1])

@@ -84,6 +84,8 @@ class Trace:
     _children: dict[int, list[int]] = field(init=False, repr=False, compare=False)
     _sessions: list[list[int]] = field(init=False, repr=False, compare=False)
     _max_hash_id: int = field(init=False, repr=False, compare=False)
+    # per request: does its successor re-send its whole context (1 / 0; -1: not asked yet)
+    _resends: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         where = self.source or "<trace>"
@@ -115,6 +117,7 @@ class Trace:
         self._index = {r.request_id: i for i, r in enumerate(self.requests)}
         self._parent = [-1] * n
         self._successor = [-1] * n
+        self._resends = np.full(n, -1, dtype=np.int8)
         self._children = {}
         sessions: dict[str, list[int]] = {}
         for i, req in enumerate(self.requests):
@@ -191,20 +194,32 @@ class Trace:
     def known_context_ids(self, req: TraceRequest) -> np.ndarray:
         """The leading ids of `context_ids` that are known (no -1s): as long as the
         ids in the file, however large ``output_length`` is."""
-        bs = self.block_size
-        n_ctx = -(-(req.input_length + req.output_length) // bs)
-        n_full_in = req.input_length // bs
-        nxt = self.successor(req)
-        if (nxt is not None
-                and nxt.input_length >= req.input_length + req.output_length
-                and np.array_equal(nxt.hash_ids[:n_full_in], req.hash_ids[:n_full_in])):
-            # req's full input blocks (equal to nxt's there), then nxt's: nxt's first
-            # n_ctx ids, as a view (a replay keeps one per call: copies cost ~35 KB
-            # per simulated second on `labkit bench sim`'s fast workload)
-            known = nxt.hash_ids[:n_ctx]
+        i = self._index[req.request_id]
+        if self._successor_resends(i):
+            # req's full input blocks (equal to its successor's there), then the
+            # successor's: its first n_ctx ids, as a view (a replay keeps one per call:
+            # copies cost ~35 KB per simulated second on `labkit bench sim`'s fast workload)
+            n_ctx = -(-(req.input_length + req.output_length) // self.block_size)
+            known = self.requests[self._successor[i]].hash_ids[:n_ctx]
             known.flags.writeable = False
             return known
-        return req.hash_ids[:n_full_in].copy()
+        return req.hash_ids[: req.input_length // self.block_size].copy()
+
+    def _successor_resends(self, i: int) -> bool:
+        """Does request i's successor re-send i's whole context: a prompt at least i's
+        input + output long, with i's ids on i's full input blocks? (Asked of a call
+        when it is replayed and again of it as its successor's parent: answered once.)"""
+        answer = self._resends[i]
+        if answer < 0:
+            req, s = self.requests[i], self._successor[i]
+            nxt = self.requests[s] if s >= 0 else None
+            n_full_in = req.input_length // self.block_size
+            answer = int(nxt is not None
+                         and nxt.input_length >= req.input_length + req.output_length
+                         and np.array_equal(nxt.hash_ids[:n_full_in],
+                                            req.hash_ids[:n_full_in]))
+            self._resends[i] = answer
+        return bool(answer)
 
     def fork_tokens(self, req: TraceRequest) -> int:
         """For a subagent's first call: leading prompt tokens equal to its parent's
@@ -218,17 +233,22 @@ class Trace:
         """Leading prompt tokens of `req` that re-send its parent's context (parent
         input + output), as their block ids say; 0 without a parent. Counted in whole
         blocks when the prompt departs from that context before its last full block."""
-        parent = self.parent(req)
-        if parent is None:
+        i = self._index[req.request_id]
+        p = self._parent[i]
+        if p < 0:
             return 0
-        bs = self.block_size
+        parent, bs = self.requests[p], self.block_size
         ctx_tokens = parent.input_length + parent.output_length
         n_full = ctx_tokens // bs
-        ctx = self.known_context_ids(parent)[:n_full]
         mine = req.hash_ids[:n_full]
-        m = min(len(mine), len(ctx))  # past the known ids nothing agrees
-        agree = mine[:m] == ctx[:m]
-        n_agree = m if agree.all() else int(np.argmin(agree))  # first mismatch
+        m = len(mine)  # past the known ids nothing agrees
+        if self._successor[p] == i and self._successor_resends(p):
+            n_agree = m  # the parent's known ids are req's own: they agree
+        else:
+            ctx = self.known_context_ids(parent)[:n_full]
+            m = min(m, len(ctx))
+            agree = mine[:m] == ctx[:m]
+            n_agree = m if agree.all() else int(np.argmin(agree))  # first mismatch
         if n_agree == n_full:
             return min(ctx_tokens, req.input_length)
         return min(n_agree * bs, req.input_length)

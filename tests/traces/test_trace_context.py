@@ -82,3 +82,27 @@ def test_fork_tokens(trace):
     assert f("b0") == 1 * BS          # agrees on one leading block
     assert f("c0") == 9               # agrees, but the prompt is only 9 tokens
     assert f("a1") == 0 and f("m1") == 0 and f("m0") == 0
+
+
+def test_context_shared_tokens_as_the_ids_say(trace):
+    """Every call's tokens re-sending its parent's context, against the parent's context
+    ids made naively: leading blocks that agree (an unknown id agrees with nothing), the
+    whole context where all its full blocks do. Both ways of knowing the parent's ids
+    are met: m1 and a1 are their parents' successors (the ids they re-send are their
+    own), a0, b0, c0 fork m0 and t1, u1 do not re-send their parents' contexts."""
+    def naive(r) -> int:
+        parent = trace.parent(r)
+        if parent is None:
+            return 0
+        ctx_tokens = parent.input_length + parent.output_length
+        n_full = ctx_tokens // BS
+        ctx = naive_context(trace.requests, parent, BS)
+        agree = 0
+        while agree < min(n_full, len(r.hash_ids)) and ctx[agree] == r.hash_ids[agree] >= 0:
+            agree += 1
+        return min(ctx_tokens if agree == n_full else agree * BS, r.input_length)
+
+    shared = {r.request_id: trace.context_shared_tokens(r) for r in trace.requests}
+    assert shared == {r.request_id: naive(r) for r in trace.requests}
+    assert shared["m1"] == 15 and shared["a1"] == 20 and shared["u1"] == BS
+    assert shared["t1"] == 8  # t0's prompt re-sent; its output's block unknown
