@@ -84,8 +84,9 @@ class Trace:
     _children: dict[int, list[int]] = field(init=False, repr=False, compare=False)
     _sessions: list[list[int]] = field(init=False, repr=False, compare=False)
     _max_hash_id: int = field(init=False, repr=False, compare=False)
-    # per request: does its successor re-send its whole context (1 / 0; -1: not asked yet)
-    _resends: np.ndarray = field(init=False, repr=False, compare=False)
+    # request index -> does its successor re-send its whole context (once asked; a
+    # dict, not an array: a trace Ray hands a worker holds its arrays read-only)
+    _resends: dict[int, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         where = self.source or "<trace>"
@@ -117,7 +118,7 @@ class Trace:
         self._index = {r.request_id: i for i, r in enumerate(self.requests)}
         self._parent = [-1] * n
         self._successor = [-1] * n
-        self._resends = np.full(n, -1, dtype=np.int8)
+        self._resends = {}
         self._children = {}
         sessions: dict[str, list[int]] = {}
         for i, req in enumerate(self.requests):
@@ -209,17 +210,17 @@ class Trace:
         """Does request i's successor re-send i's whole context: a prompt at least i's
         input + output long, with i's ids on i's full input blocks? (Asked of a call
         when it is replayed and again of it as its successor's parent: answered once.)"""
-        answer = self._resends[i]
-        if answer < 0:
+        answer = self._resends.get(i)
+        if answer is None:
             req, s = self.requests[i], self._successor[i]
             nxt = self.requests[s] if s >= 0 else None
             n_full_in = req.input_length // self.block_size
-            answer = int(nxt is not None
-                         and nxt.input_length >= req.input_length + req.output_length
-                         and np.array_equal(nxt.hash_ids[:n_full_in],
-                                            req.hash_ids[:n_full_in]))
+            answer = bool(nxt is not None
+                          and nxt.input_length >= req.input_length + req.output_length
+                          and np.array_equal(nxt.hash_ids[:n_full_in],
+                                             req.hash_ids[:n_full_in]))
             self._resends[i] = answer
-        return bool(answer)
+        return answer
 
     def fork_tokens(self, req: TraceRequest) -> int:
         """For a subagent's first call: leading prompt tokens equal to its parent's

@@ -106,3 +106,18 @@ def test_context_shared_tokens_as_the_ids_say(trace):
     assert shared == {r.request_id: naive(r) for r in trace.requests}
     assert shared["m1"] == 15 and shared["a1"] == 20 and shared["u1"] == BS
     assert shared["t1"] == 8  # t0's prompt re-sent; its output's block unknown
+
+
+def test_a_trace_whose_arrays_are_read_only_answers_the_same(trace):
+    """Ray hands its workers a trace's arrays zero-copy, read-only (pickle protocol 5,
+    out-of-band buffers): the lookups write nothing into them."""
+    import pickle
+
+    buffers = []
+    data = pickle.dumps(trace, protocol=5, buffer_callback=buffers.append)
+    frozen = pickle.loads(data, buffers=[b.raw().toreadonly() for b in buffers])
+    assert not frozen.requests[0].hash_ids.flags.writeable
+    for r, f in zip(trace.requests, frozen.requests):
+        assert frozen.context_ids(f).tolist() == trace.context_ids(r).tolist()
+        assert frozen.context_shared_tokens(f) == trace.context_shared_tokens(r)
+        assert frozen.fork_tokens(f) == trace.fork_tokens(r)
