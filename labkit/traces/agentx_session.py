@@ -51,7 +51,11 @@ class SessionBuilder:
         return TokenStream(self.bs, self.minter, self.shared_ids, self.p.shared_prefix_tokens)
 
     def _tokens(self, median: float, sigma: float, hi: int = 2**31) -> int:
-        return int(lognormal_tokens(self.rng, median, sigma, 1, 1, hi)[0])
+        """One draw of `lognormal_tokens(rng, median, sigma, 1, 1, hi)`, on numbers: the
+        same normal, the same float operations (numpy's exp and rint), a tenth of the
+        cost of (1,) arrays -- the generator draws some 60K of them per 400 sessions."""
+        x = float(np.rint(median * np.exp(sigma * self.rng.standard_normal())))
+        return int(min(max(x, 1), hi))
 
     def _gap(self, median_s: float, sigma: float) -> float:
         return float(min(median_s * np.exp(sigma * self.rng.standard_normal()),

@@ -38,7 +38,7 @@ def _dense(ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 def _flatten(hash_lists: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
     """All ids in one array (densified), the prompt lengths, and the id bound."""
-    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    lengths = _lengths(hash_lists)
     ids = np.concatenate(hash_lists) if hash_lists else np.empty(0, np.int64)
     if len(ids) == 0:
         return ids, lengths, 0
@@ -53,13 +53,13 @@ def is_chain_unique(hash_lists: list[np.ndarray], top: int | None = None) -> boo
     """Does every id have a single block position and a single predecessor?
 
     Two tables indexed by id hold the position and the predecessor an id was first
-    seen with; every later entry must agree: O(n), no sort. The lists are joined a
-    chunk at a time, never all at once: a generated 400-session trace holds some 350
-    MB of ids, and joining them (with a column or two besides) quadrupled what
+    seen with; every later entry must agree: O(n), no sort. The lists are read a part
+    at a time (`_parts`), never joined all at once: a generated 400-session trace holds
+    some 600 MB of ids, and joining them (with a column or two besides) quadrupled what
     generating it needed. Ids far above their count are first renamed densely.
     ``top``: the largest id, where the caller knows it (``largest_id``).
     """
-    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    lengths = _lengths(hash_lists)
     total = int(lengths.sum())
     if total == 0:
         return True
@@ -70,11 +70,8 @@ def is_chain_unique(hash_lists: list[np.ndarray], top: int | None = None) -> boo
                       np.empty(n_ids, dtype=np.int64))
     position = np.full(top + 1, -1, dtype=np.int32)
     before = np.empty(top + 1, dtype=np.int64)
-    for first, last in _chunks(lengths):
-        if not _agree(np.concatenate(hash_lists[first:last]), lengths[first:last],
-                      position, before):
-            return False
-    return True
+    return all(_agree(ids, part_lengths, position, before)
+               for ids, part_lengths in _parts(hash_lists, lengths))
 
 
 def largest_id(hash_lists: list[np.ndarray]) -> int:
@@ -84,15 +81,34 @@ def largest_id(hash_lists: list[np.ndarray]) -> int:
 
 def id_range(hash_lists: list[np.ndarray]) -> tuple[int, int]:
     """The smallest and the largest id of all the 1-D lists ((0, -1) when there is
-    none), joined a chunk at a time: two reductions per chunk, not per list (~1 us
-    each, and a published trace has millions of lists)."""
-    lengths = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+    none): one compiled pass over each part (`_parts`)."""
     low, high = 0, -1
-    for first, last in _chunks(lengths):
-        joined = np.concatenate(hash_lists[first:last])
-        low = int(joined.min()) if high < 0 else min(low, int(joined.min()))
-        high = max(high, int(joined.max()))
+    for ids, _ in _parts(hash_lists, _lengths(hash_lists)):
+        part_low, part_high = (int(x) for x in _min_max(ids))
+        low = part_low if high < 0 else min(low, part_low)
+        high = max(high, part_high)
     return low, high
+
+
+def _lengths(hash_lists: list[np.ndarray]) -> np.ndarray:
+    return np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=len(hash_lists))
+
+
+LONG_LISTS = 256  # ids a list holds on average from which the lists are read one by one
+
+
+def _parts(hash_lists: list[np.ndarray], lengths: np.ndarray):
+    """(ids, the lengths of the lists they hold), a part at a time, empty lists
+    skipped: lists long on average (an agentic trace's whole contexts, thousands of
+    ids each) one by one, where they lie; short ones (a published trace has millions)
+    joined about CHECK_CHUNK ids at a time -- a compiled call or a reduction costs ~1 us
+    whatever its length, a join a copy of every id."""
+    if int(lengths.sum()) >= LONG_LISTS * len(lengths):
+        for i in np.flatnonzero(lengths).tolist():
+            yield hash_lists[i], lengths[i : i + 1]
+        return
+    for first, last in _chunks(lengths):
+        yield np.concatenate(hash_lists[first:last]), lengths[first:last]
 
 
 def _chunks(lengths: np.ndarray):
@@ -119,6 +135,18 @@ def _agree(ids, lengths, position, before) -> bool:
     if found < 0:
         raise ValueError("hash ids must be integers >= 0")
     return bool(found)
+
+
+@njit(cache=True)
+def _min_max(ids) -> tuple[int, int]:
+    """(the smallest id, the largest) of a non-empty array, in one pass."""
+    low = high = ids[0]
+    for x in ids:
+        if x < low:
+            low = x
+        elif x > high:
+            high = x
+    return low, high
 
 
 @njit(cache=True)

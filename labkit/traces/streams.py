@@ -75,9 +75,12 @@ class TokenStream:
         """Ids of a prompt made of the whole stream: a new array the caller owns
         (the stream's buffer keeps changing)."""
         full = self._ids[:self.full_blocks]
-        if self.tokens % self.block_size:
-            return np.append(full, self._minter.one())  # np.append copies
-        return full.copy()
+        if not self.tokens % self.block_size:
+            return full.copy()
+        ids = np.empty(len(full) + 1, dtype=np.int64)  # + the partial block's fresh id
+        ids[:-1] = full
+        ids[-1] = self._minter.one()
+        return ids
 
     def fork(self) -> TokenStream:
         """An independent stream with the same content so far (a subagent)."""

@@ -56,6 +56,24 @@ def test_deterministic():
     assert [r.input_length for r in c.requests] != [r.input_length for r in a.requests]
 
 
+def test_one_draw_on_numbers_is_the_array_draw():
+    """The session builder draws its token counts one at a time on numbers; each is
+    the one `lognormal_tokens` draws as a (1,) array from the same stream: the same
+    normal, rounding and clipping (`lo` 1, `hi` reached as well as not)."""
+    from labkit.traces.agentx_session import SessionBuilder, lognormal_tokens
+
+    builder = SessionBuilder(AgentXParams(), 64, None, None, [])
+    builder.rng, reference = np.random.default_rng(3), np.random.default_rng(3)
+    cases = [(142_000.0, 1.2, 2**31), (444.0, 0.9, 4096), (2.0, 3.0, 2**31), (50.0, 2.5, 60)]
+    drawn, expected = [], []
+    for i in range(4000):
+        median, sigma, hi = cases[i % len(cases)]
+        drawn.append(builder._tokens(median, sigma, hi))
+        expected.append(int(lognormal_tokens(reference, median, sigma, 1, 1, hi)[0]))
+    assert drawn == expected and {1, 60} <= set(drawn)  # both bounds met
+    assert builder.rng.random() == reference.random()  # the stream at the same place
+
+
 def test_knobs():
     trace = generate_agentx_trace(10, seed=1, subagent_session_share=0.0, block_size=32)
     assert trace.block_size == 32 and all(r.kind == "main" for r in trace.requests)

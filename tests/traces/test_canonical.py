@@ -118,16 +118,36 @@ def _naive_chain_unique(hash_lists) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 6), max_size=6), max_size=8),
-       st.sampled_from([0, 2**39]), st.sampled_from([1, 3, 1 << 22]))
-def test_the_check_agrees_with_its_definition_chunk_by_chunk(lists, offset, chunk):
+       st.sampled_from([0, 2**39]), st.sampled_from([1, 3, 1 << 22]), st.sampled_from([0, 256]))
+def test_the_check_agrees_with_its_definition_part_by_part(lists, offset, chunk, long_lists):
+    """Lists joined 1, 3 or all at a time (`CHECK_CHUNK`), or read one by one where they
+    lie (`LONG_LISTS` 0: whatever their lengths): the check and the ids' range are the
+    same."""
     from labkit.traces import canonical
 
     hash_lists = [np.array(h, dtype=np.int64) + offset for h in lists]
-    saved, canonical.CHECK_CHUNK = canonical.CHECK_CHUNK, chunk  # lists joined 1, 3, all
+    saved = canonical.CHECK_CHUNK, canonical.LONG_LISTS
+    canonical.CHECK_CHUNK, canonical.LONG_LISTS = chunk, long_lists
     try:
         assert is_chain_unique(hash_lists) == _naive_chain_unique(hash_lists)
+        flat = [x for h in lists for x in h]
+        assert canonical.id_range(hash_lists) == \
+            ((min(flat) + offset, max(flat) + offset) if flat else (0, -1))
     finally:
-        canonical.CHECK_CHUNK = saved
+        canonical.CHECK_CHUNK, canonical.LONG_LISTS = saved
+
+
+def test_long_lists_are_read_where_they_lie():
+    """An agentic trace's contexts (thousands of ids each) are checked list by list,
+    never joined: a repeat deep inside one list is still found."""
+    from labkit.traces import canonical
+
+    long = [np.arange(1000, dtype=np.int64), np.arange(1000, 1600, dtype=np.int64)]
+    parts = list(canonical._parts(long, canonical._lengths(long)))
+    assert [ids is h for (ids, _), h in zip(parts, long)] == [True, True]
+    assert is_chain_unique(long) and canonical.id_range(long) == (0, 1599)
+    bad = [long[0], np.concatenate([long[1][:300], [5], long[1][300:]])]  # 5 at position 300
+    assert not is_chain_unique(bad)
 
 
 def test_negative_ids_are_refused():
