@@ -13,6 +13,13 @@ calls run:
   arguments travel by pickle, so they must be importable on the workers (labkit's
   own functions are); file paths in the arguments must be readable there too.
 
+An argument every task shares — the same object at the same place in every tuple, a
+planner's trace say — travels once, not once per task: a local worker gets it when it
+starts (the pool's initializer), a Ray cluster holds it once in its object store
+(``ray.put``; the tasks take a reference, zero-copy where they can). A 400-session
+agentic trace pickles to ~350 MB in ~0.8 s and unpickles in as long: per task, that
+was a third of a planner point's time.
+
 Either way `run_tasks` yields ``(index, result, error)`` per task: `error` is None or
 the exception the call raised (or that killed its worker). Ctrl-C (KeyboardInterrupt),
 or closing the generator early, stops what is still running — worker processes and
@@ -60,15 +67,55 @@ def run_tasks(fn: Callable, args: Sequence[tuple], executor: str = "local", jobs
     yield from runner(fn, args, jobs, ray_address)
 
 
+def shared_places(args: Sequence[tuple]) -> list[int]:
+    """The places in the argument tuples where every task passes the same object (by
+    identity; numbers, strings and None aside: they cost nothing to send)."""
+    if len(args) < 2:
+        return []
+    first = args[0]
+    return [j for j, x in enumerate(first)
+            if not isinstance(x, (int, float, str, bytes, type(None)))
+            and all(len(a) == len(first) and a[j] is x for a in args)]
+
+
+def _without(args: tuple, places: list[int]) -> tuple:
+    return tuple(x for j, x in enumerate(args) if j not in places)
+
+
+def _with(args: tuple, places: list[int], shared: tuple) -> tuple:
+    """`args` with `shared` put back at `places` (ascending)."""
+    out = list(args)
+    for j, x in zip(places, shared):
+        out.insert(j, x)
+    return tuple(out)
+
+
 # ------------------------------------------------------------------------- local
+_SHARED: tuple = ()  # in a local worker: the arguments every task shares
+
+
+def _local_worker_init(parent_pid: int, shared: tuple) -> None:
+    global _SHARED
+    worker_init(parent_pid)
+    _SHARED = shared
+
+
+def _call_with_shared(fn, places: list[int], args: tuple):
+    return fn(*_with(args, places, _SHARED))
+
+
 def _run_local(fn, args, jobs, _address):
-    # spawn: workers start clean (no inherited threads or kernel state), on every OS
+    places = shared_places(args)
+    shared = tuple(args[0][j] for j in places)
+    # spawn: workers start clean (no inherited threads or kernel state), on every OS;
+    # each gets the shared arguments once, as it starts
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(args)),
                                mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_init, initargs=(os.getpid(),))
+                               initializer=_local_worker_init, initargs=(os.getpid(), shared))
     try:
         with _main_module_hidden():  # workers start on submit
-            futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+            futures = {pool.submit(_call_with_shared, fn, places, _without(a, places)): i
+                       for i, a in enumerate(args)}
         for future in as_completed(futures):
             try:
                 yield futures[future], future.result(), None
@@ -144,7 +191,12 @@ def _run_ray(fn, args, jobs, address):
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     refs: dict = {}
     try:
-        refs = {remote.remote(*a): i for i, a in enumerate(args)}
+        places = shared_places(args)
+        # once in the object store; a task's argument that is a reference arrives as
+        # the object it names
+        shared = tuple(ray.put(args[0][j]) for j in places)
+        refs = {remote.remote(*_with(_without(a, places), places, shared)): i
+                for i, a in enumerate(args)}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
