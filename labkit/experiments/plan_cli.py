@@ -24,7 +24,7 @@ import sys
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.traces.parts import add_trace_flags, changes_load, load_selected, selection_from_args
+from labkit.traces.parts import add_trace_flags, load_selected, selection_from_args
 from labkit.traces.validate import TraceError
 from labkit.specs.hardware import HARDWARE_PRESETS
 
@@ -85,8 +85,9 @@ def run_plan_command(args) -> int:
             out = stack.enter_context(OutDir(args.out, args.overwrite, results=[
                 f"{t}.parquet" for t in TABLES])) if args.out else None
             trace = load_selected(args.trace, args)  # a malformed trace: refused here
-            # (the workers load a whole file once each; a part of one travels with them)
-            result = plan(trace if changes_load(args) else args.trace, args.model,
+            # (loaded once: it travels to each worker once, `executors.py`, which also
+            # spares a remote Ray cluster reading the file)
+            result = plan(trace, args.model,
                           args.hardware, args.gpus, args.slo,
                           concurrency=_ints("--concurrency", args.concurrency),
                           duration_s=args.duration_s, warmup_s=args.warmup_s,

@@ -167,11 +167,6 @@ def _moved(req, shift: float, rate: float):
     return dataclasses.replace(req, timestamp=(req.timestamp - shift) / rate)
 
 
-def changes_load(args) -> bool:
-    """Do the flags ask for other than the whole file, its format told from it?"""
-    return args.format != "auto" or bool(args.where) or selection_from_args(args) is not None
-
-
 def load_selected(path, args) -> Trace:
     """``load_trace(path, args.format, args.where)`` cut as the flags say (they are
     checked first; a CSV loader leaves out what the window will, `formats.load`); with
