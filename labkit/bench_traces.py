@@ -2,13 +2,13 @@
 
 The trace is `labkit bench sim`'s fast workload's — 400 AgentX-like sessions with
 contexts up to 200K tokens (`bench_sim.FAST_TRACE_*`; 20 sessions with `--quick`):
-some 300 MB of JSON, nearly all of it block ids. It is written as labkit
-JSONL and as AgentX / Weka trace objects (one per line, a session's calls listed as
-main calls), and each file is loaded; writing and loading are timed twice each way,
-alternating: with the block-id lists read and spelt by compiled loops
-(`traces/id_lists.py`) and by `json` alone (`id_lists.json_only`, the code path
-before them). The two ways must give the same bytes and the same requests (checked
-and printed). Then `trace_stats` (prefix reuse in one compiled pass). Then the
+some 300 MB of JSON, nearly all of it block ids. It is generated (twice, the least CPU
+time kept), then written as labkit JSONL and as AgentX / Weka trace objects (one per
+line, a session's calls listed as main calls), and each file is loaded; writing and
+loading are timed twice each way, alternating: with the block-id lists read and spelt
+by compiled loops (`traces/id_lists.py`) and by `json` alone (`id_lists.json_only`,
+the code path before them). The two ways must give the same bytes and the same
+requests (checked and printed). Then `trace_stats` (prefix reuse in one compiled pass). Then the
 token-count CSV formats at a published trace's scale: 200,000 rows (20,000 with
 `--quick`) of BurstGPT and of Azure 2024, loaded a column at a time
 (`formats/csv_columns.py`) and row by row (`csv_columns.rows_only`). Printed: the
@@ -34,10 +34,14 @@ def bench_traces(quick: bool = False) -> pd.DataFrame:
     from labkit.traces.id_lists import json_only
 
     sessions = 20 if quick else FAST_TRACE_SESSIONS
-    trace = generate_agentx_trace(sessions, **FAST_TRACE_KNOBS)
+    generated = {}
+    for _ in range(TRIES):
+        _time(generated, "generate", lambda: generate_agentx_trace(sessions,
+                                                                     **FAST_TRACE_KNOBS))
+    made_in, trace = generated["generate"]
     print(f"labkit bench traces — {sessions} AgentX-like sessions, {len(trace)} calls, "
           f"{sum(len(r.hash_ids) for r in trace.requests) / 1e6:.1f}M block ids\n")
-    rows = []
+    rows = [_single("generate AgentX", made_in)]
     with tempfile.TemporaryDirectory(prefix="labkit-bench-traces-") as tmp:
         files = {"labkit JSONL": os.path.join(tmp, "t.jsonl"),
                  "AgentX objects": os.path.join(tmp, "t.agentx.jsonl")}
@@ -66,13 +70,17 @@ def bench_traces(quick: bool = False) -> pd.DataFrame:
         rows += _csv_rows(tmp, 20_000 if quick else 200_000)
     cpu = time.process_time()
     stats = trace_stats(loaded)
-    rows.append({"step": "trace stats", "MB": np.nan, "cpu_s": time.process_time() - cpu,
-                 "MB_per_s": np.nan, "before_cpu_s": np.nan, "speedup": np.nan,
-                 "identical": None})
+    rows.append(_single("trace stats", time.process_time() - cpu))
     table = pd.DataFrame(rows)
     print(table.round(3).to_string(index=False))
     print(f"\nprefix reuse {stats['prefix_reuse']:.4f}")
     return table
+
+
+def _single(step: str, cpu_s: float) -> dict:
+    """A row for a step timed one way only (no code path before it to compare)."""
+    return {"step": step, "MB": np.nan, "cpu_s": cpu_s, "MB_per_s": np.nan,
+            "before_cpu_s": np.nan, "speedup": np.nan, "identical": None}
 
 
 def _csv_rows(tmp: str, n: int) -> list[dict]:

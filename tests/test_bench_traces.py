@@ -17,10 +17,13 @@ def test_the_command_runs_the_bench(monkeypatch):
 def test_the_quick_bench_prints_every_step_and_finds_both_ways_identical(capsys):
     table = bench_traces.bench_traces(quick=True)
     out = capsys.readouterr().out
-    for step in ("write labkit JSONL", "load labkit JSONL", "load AgentX objects",
-                 "trace stats", "load BurstGPT CSV", "load Azure 2024 CSV", "prefix reuse"):
+    for step in ("generate AgentX", "write labkit JSONL", "load labkit JSONL",
+                 "load AgentX objects", "trace stats", "load BurstGPT CSV", "load Azure 2024 CSV",
+                 "prefix reuse"):
         assert step in out
-    steps = table[table["step"] != "trace stats"]
+    single = table["step"].isin(["generate AgentX", "trace stats"])
+    assert (table.loc[single, "cpu_s"] > 0).all()
+    steps = table[~single]
     assert len(steps) == 5 and steps["identical"].tolist() == [True] * 5
     assert (steps["MB"] > 0.5).all() and np.isfinite(steps["speedup"]).all()
 
