@@ -8,9 +8,9 @@ line, a session's calls listed as main calls), and each file is loaded; writing 
 loading are timed twice each way, alternating: with the block-id lists read and spelt
 by compiled loops (`traces/id_lists.py`) and by `json` alone (`id_lists.json_only`,
 the code path before them). The two ways must give the same bytes and the same
-requests (checked and printed). Then `trace_stats` (prefix reuse in one compiled pass). Then the
-token-count CSV formats at a published trace's scale: 200,000 rows (20,000 with
-`--quick`) of BurstGPT and of Azure 2024, loaded a column at a time
+requests (checked and printed). Then `trace_stats` (prefix reuse in one compiled
+pass). Then the token-count CSV formats at a published trace's scale: 200,000 rows
+(20,000 with `--quick`) of BurstGPT and of Azure 2024, loaded a column at a time
 (`formats/csv_columns.py`) and row by row (`csv_columns.rows_only`). Printed: the
 file's MB, CPU seconds (least of the tries), MB per CPU second, and the speed-up.
 """
