@@ -254,8 +254,9 @@ class Scheduler:
         cfg, kv, running = self.config, self.kv, self.running
         threshold = cfg.long_prefill_token_threshold
         per_decode = cfg.tokens_per_decode_step
+        add, end = batch.add, len(running)  # (a saturated step runs hundreds of them)
         i = 0
-        while i < len(running) and budget > 0:
+        while i < end and budget > 0:
             req = running[i]
             if req.kv_ready_s:  # its prefix KV is (or was) being copied in
                 if self.on_the_wire(req):  # still on the wire
@@ -272,17 +273,19 @@ class Scheduler:
                 n = threshold
             if budget < n:
                 n = budget
-            while not kv.allocate(req, n):
-                victim = self._pick_victim()
-                if victim is not req and victim in batch.requests:
-                    budget += batch.remove(victim)  # un-schedule it (priority policy)
-                    i -= 1
-                self._preempt(victim, batch)
-                if victim is req:
-                    break
-            if req.status is not Status.RUNNING:
-                break  # it preempted itself: nothing more runs this step (vLLM)
-            batch.add(req, n, decode)
+            if not kv.has_room(req, n):  # (most steps of a decode have)
+                while not kv.allocate(req, n):
+                    victim = self._pick_victim()
+                    if victim is not req and victim in batch.requests:
+                        budget += batch.remove(victim)  # un-schedule it (priority policy)
+                        i -= 1
+                    self._preempt(victim, batch)
+                    if victim is req:
+                        break
+                if req.status is not Status.RUNNING:
+                    break  # it preempted itself: nothing more runs this step (vLLM)
+                end = len(running)  # (less any it preempted)
+            add(req, n, decode)
             budget -= n
             i += 1
         return budget

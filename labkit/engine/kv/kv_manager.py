@@ -229,6 +229,21 @@ class KVManager:
             need = 1 if self._needs_copy(table, computed) else 0
         return need + max(0, self.blocks_needed(computed + num_new_tokens) - have)
 
+    def has_room(self, req, num_new_tokens: int) -> bool:
+        """Does req's table cover num_new_tokens more already, in blocks that are its
+        own? (The common case of `allocate`, a running request decoding: nothing to do.)"""
+        table = self.tables.get(req.request_id)
+        if table is None or self.window is not None:
+            return False
+        computed, size = req.num_computed_tokens, self.block_size
+        if computed + num_new_tokens > table.n * size:
+            return False
+        # (`_needs_copy` inline: most calls write into a block they took themselves)
+        idx = computed // size
+        if computed % size == 0 or (idx >= table.num_shared and idx >= table.num_keyed):
+            return True
+        return not self._needs_copy(table, computed)
+
     def allocate(self, req, num_new_tokens: int, match: PrefixMatch = NO_MATCH,
                  copied: bool = False) -> bool:
         """Make req's table cover its computed tokens plus `num_new_tokens`.
@@ -238,12 +253,9 @@ class KVManager:
         matters to sliding-window layers). Returns False, changing nothing, if the
         pool is short.
         """
+        if self.has_room(req, num_new_tokens):
+            return True
         table = self.tables.get(req.request_id)
-        if table is not None and self.window is None:  # the common case, a running request:
-            computed = req.num_computed_tokens  # room in its last block, which is its own
-            if computed + num_new_tokens <= table.n * self.block_size and \
-                    not self._needs_copy(table, computed):
-                return True
         if self._blocks_to_take(req, num_new_tokens, match, copied) > self.pool.num_free:
             return False
         if table is None:
@@ -381,24 +393,32 @@ class KVManager:
             for req in reqs:
                 self.cache_full_blocks(req)
             return
-        registered = []
-        for req in reqs:
-            filled = self._newly_full(req)
-            if filled is not None:
-                table, full = filled
-                keys = req.keys.keys(table.num_keyed, max(full, table.num_keyed))
-                registered.append((table, full, keys))
+        registered = [(table, full, req.keys.keys(table.num_keyed, max(full, table.num_keyed)))
+                      for req, table, full in self._newly_full_of(reqs)]
         batch_play.register(self, registered)
 
     def _newly_full(self, req) -> tuple[BlockTable, int] | None:
         """(req's table, how many of its blocks are full) where some became full since
         the last registration; None where none did (most steps of a decode)."""
-        table = self.tables.get(req.request_id)
-        if table is None or req.keys is None or not self.pool.enable_caching or \
-                req.num_computed_tokens // self.block_size <= table.num_written:
-            return None
-        full = self._full_blocks(req, table, req.num_computed_tokens)
-        return (table, full) if full > table.num_written else None
+        found = self._newly_full_of((req,))
+        return found[0][1:] if found else None
+
+    def _newly_full_of(self, reqs) -> list:
+        """(request, its table, how many of its blocks are full) for each of reqs that
+        has blocks newly full (`_newly_full`), in order."""
+        found = []
+        if not self.pool.enable_caching:
+            return found
+        tables, size = self.tables, self.block_size  # (a step of hundreds of requests)
+        for req in reqs:
+            table = tables.get(req.request_id)
+            if table is None or req.keys is None or \
+                    req.num_computed_tokens // size <= table.num_written:
+                continue
+            full = self._full_blocks(req, table, req.num_computed_tokens)
+            if full > table.num_written:
+                found.append((req, table, full))
+        return found
 
     def _full_blocks(self, req, table: BlockTable, num_tokens: int) -> int:
         return min(num_tokens // self.block_size, req.keys.num_blocks, table.n)
