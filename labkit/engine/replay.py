@@ -49,7 +49,6 @@ from labkit.engine.session_ledger import SessionLedger
 from labkit.engine.slo import MetricOptions, metric_options
 from labkit.errors import ConfigError
 
-FRESH_ID_BASE = 1 << 40  # ids the engine invents for blocks the trace does not name
 SESSIONS_PER_SLOT = 64  # closed loop: most sessions in flight per running slot
 
 
@@ -64,7 +63,11 @@ class TraceFeeder:
         self.open_loop = open_loop
         self.max_idle_s = math.inf if max_idle_s is None else max_idle_s
         self.rng = np.random.default_rng(seed)
-        self._fresh = FRESH_ID_BASE
+        # ids the engine invents for blocks the trace does not name (a call's output
+        # that no later call re-sends), numbered on from the trace's own: small keys,
+        # which the prefix cache's index holds in its array (`key_index.py`), not its
+        # dict -- an open-loop load's every decode block is one of them
+        self._fresh = trace.max_hash_id + 1
         self._pending: dict[str, tuple] = {}  # engine id -> (trace request, epoch, session)
         self._waiting: dict[str, list] = {}  # engine id -> [unmet prerequisites, ready time]
         self._dependents: dict[str, list[str]] = {}  # engine id -> engine ids waiting on it

@@ -254,7 +254,11 @@ class Scheduler:
         cfg, kv, running = self.config, self.kv, self.running
         threshold = cfg.long_prefill_token_threshold
         per_decode = cfg.tokens_per_decode_step
-        add, end = batch.add, len(running)  # (a saturated step runs hundreds of them)
+        # (a saturated step runs hundreds of requests: the common case below is written
+        # out -- `Request.is_decoding`, `RankBatch.add` -- and the names looked up once)
+        has_room, end = kv.has_room, len(running)
+        requests, counts, contexts, decodes = (batch.requests, batch.num_new_tokens,
+                                               batch.contexts, batch.is_decode)
         i = 0
         while i < end and budget > 0:
             req = running[i]
@@ -267,13 +271,14 @@ class Scheduler:
             if defer and _computes_prefill(req):
                 i += 1
                 continue
-            decode = req.is_decoding
-            n = per_decode if decode else req.num_pending_tokens
+            pending = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            decode = pending == 1 and req.num_output_tokens > 0
+            n = per_decode if decode else pending
             if 0 < threshold < n:  # vLLM caps verify steps by it too
                 n = threshold
             if budget < n:
                 n = budget
-            if not kv.has_room(req, n):  # (most steps of a decode have)
+            if not has_room(req, n):  # (most steps of a decode have)
                 while not kv.allocate(req, n):
                     victim = self._pick_victim()
                     if victim is not req and victim in batch.requests:
@@ -285,7 +290,10 @@ class Scheduler:
                 if req.status is not Status.RUNNING:
                     break  # it preempted itself: nothing more runs this step (vLLM)
                 end = len(running)  # (less any it preempted)
-            add(req, n, decode)
+            requests.append(req)
+            counts.append(n)
+            contexts.append(req.num_computed_tokens)
+            decodes.append(decode)
             budget -= n
             i += 1
         return budget
@@ -391,6 +399,7 @@ class Scheduler:
         # the blocks they filled: registered at the end, as one (or call by call)
         cache_full_blocks = stepped.append if batched else self.kv.cache_full_blocks
         produced = None  # (simulated: no token ids)
+        size = self.kv.block_size
         for req, n, decode in zip(batch.requests, batch.num_new_tokens, batch.is_decode):
             if req.pending_copies:
                 req.pending_copies.clear()
@@ -399,11 +408,18 @@ class Scheduler:
             if decode:
                 a = min(accepted if produced is None else len(produced), n,
                         req.max_output_tokens - req.num_output_tokens)
+                # A decode that fills no block has none newly full (most steps of a
+                # decode: hundreds of them in a saturated step): the blocks filled before
+                # it were registered by whatever filled them -- an earlier step, the
+                # admission's prefix hit, the landing of a copied prefix, a run.
+                # (Computed tokens extend the keys: their blocks are asked each time.)
+                fills = req.num_computed_tokens % size + a >= size or tokens is not None
                 req.num_computed_tokens += a
                 if produced is not None:
                     self._record(req, produced, a)
                 req.emit(a, t_end)
             else:
+                fills = True
                 if req.num_computed_tokens < req.num_prompt_tokens:
                     req.num_computed_prefill_tokens += min(
                         n, req.num_prompt_tokens - req.num_computed_tokens)
@@ -412,7 +428,8 @@ class Scheduler:
                     self._record(req, produced, 1)
                     if req.emit(1, t_end) and self.events.wants(FirstToken):
                         self.events.emit(FirstToken(t_end, req.request_id, self.rank))
-            cache_full_blocks(req)
+            if fills:
+                cache_full_blocks(req)
             if req.num_output_tokens >= req.max_output_tokens:  # nothing left to generate
                 finished.append(req)
         if batched:

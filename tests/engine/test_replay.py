@@ -182,3 +182,25 @@ def test_a_session_keeps_only_the_hints_its_calls_will_inherit():
     continued = [hint for parent, hint in inherited if parent is not None]
     assert looks[0] > 20 and len(continued) > 20
     assert all(hint is not None for hint in continued)  # every one got its parent's
+
+
+def test_blocks_the_trace_does_not_name_get_small_keys():
+    """A call's output blocks that no later call re-sends get ids the feeder invents,
+    numbered on from the trace's largest: distinct from every id of the trace and from
+    each other, and small enough that the prefix cache's index keeps them in its array
+    (its dict, the slow way, stays empty -- it took every decode block of an open-loop
+    load when the ids started at 2**40)."""
+    from labkit.traces import generate_random_trace
+
+    trace = generate_random_trace(num_prompts=40, request_rate=20.0, input_len=200,
+                                  output_len=120, seed=3)
+    engine = Engine("tiny-llama", "dp2", "h200", block_size=16)
+    result = engine.replay(trace, open_loop=True)
+    assert len(result.requests) == 40
+    made = np.concatenate([ids[ids > trace.max_hash_id] for ids in
+                           (np.asarray(r.keys.ids) for r in engine.requests.values())])
+    assert len(made) > 40 and len(np.unique(made)) == len(made)  # new, and each once
+    assert made.min() == trace.max_hash_id + 1
+    pools = [s.kv.pool for s in engine.schedulers]
+    assert sum(p.num_cached for p in pools) > 0
+    assert all(not p._cached._other for p in pools)
