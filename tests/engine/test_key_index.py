@@ -32,3 +32,24 @@ def test_claims_answer_as_dict_setdefault():
             assert index.as_dict() == ref and len(index) == len(ref)
             probe = rng.choice(pool, 20)
             assert index.get_many(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
+
+
+def test_claims_answer_as_dict_setdefault_without_reserved_room(monkeypatch):
+    """Where the system lends no room for every key at once, the array grows by copying
+    (`_reserve` gives None): the same answers."""
+    from labkit.engine.kv import key_index
+
+    monkeypatch.setattr(key_index, "_reserve", lambda: None)
+    test_claims_answer_as_dict_setdefault()
+
+
+def test_growing_keeps_the_keys_where_they_are():
+    """Past its first size the array grows as a longer view of room taken once: what it
+    holds is not copied (each copy wrote every held key's page again)."""
+    index = KeyIndex()
+    index.claim(np.arange(1 << 14, (1 << 14) + 20, dtype=np.int64), np.arange(20, dtype=np.int32))
+    before = index.slot
+    index.claim(np.array([1 << 20, (1 << 20) + 1], dtype=np.int64), np.array([20, 21], np.int32))
+    assert len(index.slot) > len(before) and np.shares_memory(index.slot, before)
+    assert index.get_many(np.arange(1 << 14, (1 << 14) + 20)).tolist() == list(range(20))
+    assert index.get((1 << 20) + 1) == 21 and len(index) == 22
