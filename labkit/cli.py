@@ -21,68 +21,59 @@
     labkit lab [jupyter lab options]   (what `make lab` runs: see lab.py)
 
 Every `EngineConfig` knob is a `replay` flag (``--max-num-batched-tokens``, ...), built
-from the dataclass so the two never drift apart. Mistakes (a malformed trace, an
-unknown preset, a knob out of range, a request that can never fit) are reported on
-stderr before anything runs, with exit code 2, and nothing is written.
+from the dataclass so the two never drift apart (labkit/cli_parsers.py). Mistakes (a
+malformed trace, an unknown preset, a knob out of range, a request that can never fit)
+are reported on stderr before anything runs, with exit code 2, and nothing is written.
+
+The parser lists every subcommand (`COMMANDS`) but builds the arguments of only the one
+a command line names: their modules pull in pandas and numba, which `labkit --help` and
+a mistyped command need none of (they answer in a tenth of a second, not seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import math
 import os
 import select
 import sys
-import types
 import typing
 
 from labkit import checks
 from labkit.errors import ConfigError
-from labkit.traces.load_cli import add_load_flags, generator_params
-from labkit.traces.parts import add_trace_flags, load_selected, selection_from_args
-from labkit.traces.loads import LOAD_KINDS
-from labkit.traces.validate import TraceError
-from labkit.specs.config import knob_fields
-from labkit.specs.hardware import HARDWARE_PRESETS
-from labkit.specs.model_presets import MODEL_PRESETS
-
-# Flags whose names the interface fixes differently from the knob they set.
-KNOB_ALIASES = {"num_gpu_blocks_override": ["--num-gpu-blocks"]}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+class Command(typing.NamedTuple):
+    name: str
+    help: str
+    # "module:function" that adds the subcommand's arguments to its parser; imported only
+    # for the subcommand a command line names (the modules pull in pandas and numba)
+    builder: str | None
 
 
-def _knob_type(annotation):
-    """int | None -> int; bool stays bool."""
-    if isinstance(annotation, str):
-        annotation = eval(annotation, {"int": int, "float": float, "str": str, "bool": bool})
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0]
-    return annotation
-
-
-def add_knob_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine knobs (vLLM names)")
-    for name, annotation, default, help_text, choices in knob_fields():
-        kind = _knob_type(annotation)
-        flags = [_flag(name)] + KNOB_ALIASES.get(name, [])
-        if default is not None:
-            help_text = f"{help_text} (default: {default})"
-        if kind is bool:
-            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
-                               default=None, help=help_text)
-        else:
-            group.add_argument(*flags, dest=name, type=kind, choices=choices, default=None,
-                               metavar=name.upper() if not choices else None, help=help_text)
-
-
-def knobs_from_args(args) -> dict:
-    return {name: getattr(args, name) for name, *_ in knob_fields()
-            if getattr(args, name) is not None}
+COMMANDS = (  # (in the order `labkit --help` lists them)
+    Command("trace", "generate traces and describe them",
+            "labkit.cli_parsers:add_trace_arguments"),
+    Command("replay", "replay a trace against a simulated deployment",
+            "labkit.cli_parsers:add_replay_arguments"),
+    Command("capacity", "what a request costs under a layout, how many fit",
+            "labkit.cli_parsers:add_capacity_arguments"),
+    Command("sweep", "run an experiment notebook over a parameter grid (papermill)",
+            "labkit.experiments.cli:add_sweep_arguments"),
+    Command("pd", "prefill/decode disaggregation: rate matching (profile, sweep)",
+            "labkit.experiments.pd_cli:add_pd_arguments"),
+    Command("plan", "search layouts, P/D splits and scheduler knobs for the best "
+                    "deployment meeting SLOs (by simulation)",
+            "labkit.experiments.plan_cli:add_plan_arguments"),
+    Command("validate", "replay the measured serving runs of ../shared/data/e2e and report "
+                        "the error", "labkit.validate.cli:add_arguments"),
+    # `labkit lab ...` hands every option to jupyter lab (main() routes it before parsing)
+    Command("lab", "JupyterLab on this folder: notebooks/ first, runs/ reachable, tracked "
+                   "notebooks unchanged by looking (options go to jupyter lab)", None),
+    Command("bench", "benchmarks that print figures", "labkit.cli_parsers:add_bench_arguments"),
+)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -93,149 +84,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """labkit's parser. Every subcommand is listed, but only the one `argv` names gets
+    its arguments (none when it names none: `labkit --help`); without argv, all do."""
     parser = OneLineParser(prog="labkit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
+    for command in COMMANDS:
+        add_command(sub, command.name, arguments=argv is None or command.name == named)
+    return parser
 
-    trace = sub.add_parser("trace", help="generate traces and describe them")
-    tsub = trace.add_subparsers(dest="trace_command", required=True)
-    gen = tsub.add_parser("gen", help="generate a synthetic trace")
-    gen.add_argument("--kind", choices=["agentx", *LOAD_KINDS], default="agentx")
-    gen.add_argument("--sessions", type=int, help="sessions (agentx: required; multi-turn)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--block-size", type=int, help="tokens per block id (default 64; "
-                                                     "16 with --tiny, the tiny models' own)")
-    gen.add_argument("--tiny", action="store_true",
-                     help="miniature token counts (labkit.traces.TINY_AGENTX), for the "
-                          "compute backend on a CPU; --param still overrides")
-    gen.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                     help="a generator knob (see labkit.traces.AgentXParams), repeatable, "
-                          "e.g. --param context_window_tokens=200000")
-    gen.add_argument("--out", required=True)
-    add_load_flags(gen)
-    stats = tsub.add_parser("stats", help="statistics of a trace")
-    stats.add_argument("file")
-    stats.add_argument("--json", action="store_true")
-    add_trace_flags(stats)
-    convert = tsub.add_parser("convert", help="rewrite a trace in any format as labkit JSONL")
-    convert.add_argument("input")
-    convert.add_argument("output", help="labkit JSONL (.gz: compressed)")
-    add_trace_flags(convert)
 
-    replay = sub.add_parser("replay", help="replay a trace against a simulated deployment")
-    replay.add_argument("--trace", required=True)
-    add_trace_flags(replay)
-    replay.add_argument("--model", required=True,
-                        help=f"one of {', '.join(MODEL_PRESETS)}, or a Hugging Face "
-                             "config.json or model folder")
-    replay.add_argument("--layout", default="tp1", help="e.g. tp8, dp8, dep16, tp4xpp2")
-    replay.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
-    replay.add_argument("--backend", default="sim", choices=["sim", "compute"],
-                        help="sim: steps take what the cost model says; compute: real "
-                             "tensors (tiny-* models on a CPU)")
-    replay.add_argument("--device", choices=["cpu", "cuda"],
-                        help="compute backend: where the tensors live (default cpu)")
-    replay.add_argument("--clock", choices=["measured", "predicted"],
-                        help="compute backend: step durations as measured (default) or as "
-                             "the cost model predicts them")
-    replay.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
-                        help="compute backend: weights, activations and KV (default float32)")
-    replay.add_argument("--checkpoint", help="compute backend: a local safetensors file or "
-                                             "folder (an HF checkpoint folder) instead of "
-                                             "seeded random weights")
-    replay.add_argument("--executor", choices=["threads", "mp"],
-                        help="compute backend: GPU ranks as threads of this process "
-                             "(default) or as processes over torch.distributed (also under "
-                             "torchrun: RANK 0 drives, the others serve)")
-    replay.add_argument("--cost-model", default="calibrated", choices=["calibrated", "roofline"],
-                        help="step times: kernels fitted on measured H100 latencies "
-                             "(default), or a first-order roofline")
-    loop = replay.add_mutually_exclusive_group(required=True)
-    loop.add_argument("--concurrency", type=int, help="closed loop: sessions in flight")
-    loop.add_argument("--open-loop", action="store_true", help="arrive at trace timestamps")
-    replay.add_argument("--duration-s", type=float,
-                        help="simulated seconds to run (a trace that runs out sooner ends the "
-                             "run, and the summary's window, where it ran out)")
-    replay.add_argument("--warmup-s", type=float, default=0.0,
-                        help="exclude calls arriving before this from the summary")
-    replay.add_argument("--max-idle-s", type=float, help="cap on tool gaps (closed loop)")
-    replay.add_argument("--start-part-way", action=argparse.BooleanOptionalAction,
-                        default=False, help="start the first sessions at a random turn, as "
-                        "AgentX does; their first calls then prefill whole contexts cold, so "
-                        "pair it with --warmup-s (default: off, sessions start at turn one)")
-    replay.add_argument("--loop-trace", action=argparse.BooleanOptionalAction, default=True,
-                        help="closed loop: start over with fresh ids when sessions run out")
-    replay.add_argument("--on-oversize", choices=["error", "skip"], default="error",
-                        help="a request that can never run: refuse the replay (default) "
-                             "or skip it and its session's later calls, as vLLM rejects it")
-    replay.add_argument("--slo", help="goodput SLOs in seconds, e.g. ttft=2,tpot=0.05,e2el=60")
-    replay.add_argument("--percentiles", help="extra percentiles, e.g. 50,90,99")
-    replay.add_argument("--gpu-hour-usd", type=float, help="price of a GPU-hour: cost per "
-                                                            "million tokens in the summary")
-    replay.add_argument("--out", help="write requests.parquet, steps.parquet, summary.json "
-                                      "into this folder (all three or none)")
-    replay.add_argument("--overwrite", action="store_true",
-                        help="replace the results an --out folder already holds")
-    replay.add_argument("--timeline", metavar="FILE",
-                        help="write the run as Chrome / Perfetto trace-event JSON (.json or "
-                             ".json.gz; open it in ui.perfetto.dev)")
-    replay.add_argument("--json", action="store_true", help="print the summary as JSON")
-    replay.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar (default: on for a terminal)")
-    add_knob_flags(replay)
-
-    cap = sub.add_parser("capacity", help="what a request costs under a layout, how many fit")
-    cap.add_argument("--model", required=True,
-                     help="a preset, or a Hugging Face config.json or model folder")
-    cap.add_argument("--layout", required=True, help="a layout, or several separated by commas")
-    cap.add_argument("--hardware", default="h200", choices=sorted(HARDWARE_PRESETS))
-    cap.add_argument("--context", type=int, required=True, help="tokens of one request")
-    cap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
-    cap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    cap.add_argument("--num-speculative-tokens", type=int, default=0,
-                     help="MTP drafts (their layers' weights and KV count too)")
-    cap.add_argument("--json", action="store_true")
-
-    from labkit.experiments.cli import add_sweep_parser
-
-    add_sweep_parser(sub)
-    from labkit.experiments.pd_cli import add_pd_parser
-
-    add_pd_parser(sub, add_knob_flags)
-    from labkit.experiments.plan_cli import add_plan_parser
-
-    add_plan_parser(sub)
-    from labkit.validate.cli import add_parser as add_validate_parser
-
-    add_validate_parser(sub)
-
-    # `labkit lab ...` hands every option to jupyter lab (main() routes it before parsing)
-    sub.add_parser("lab", help="JupyterLab on this folder: notebooks/ first, runs/ reachable, "
-                               "tracked notebooks unchanged by looking (options go to "
-                               "jupyter lab)")
-
-    bench = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("target", choices=["sim", "costmodel", "layouts", "kernels", "compute",
-                                          "kv", "traces"])
-    bench.add_argument("--quick", action="store_true", help="smaller runs")
-    bench.add_argument("--duration-s", type=float, default=None,
-                       help="sim: simulated seconds of the replays timed in (b) "
-                            "(default 600; 120 with --quick)")
-    bench.add_argument("--breakdown", action="store_true",
-                       help="sim: only the fast workload of (b), its CPU time split by "
-                            "engine component")
-    bench.add_argument("--calls", action="store_true",
-                       help="sim: only the fast workload of (b), the Python and built-in "
-                            "function calls it makes (the same in every run: what a "
-                            "change does to the interpreter's work, free of the "
-                            "machine's noise)")
-    bench.add_argument("--against", metavar="REF", default=None,
-                       help="sim: only the fast workload of (b), with this tree and with "
-                            "labkit as it was at git revision REF, alternated")
-    bench.add_argument("--repeat", type=int, default=None, metavar="N",
-                       help="sim: time each replay of (b) N times and keep the least CPU "
-                            "time (and the median); with --against, N alternated rounds "
-                            "(default 2)")
+def add_command(subparsers, name: str, arguments: bool = True) -> argparse.ArgumentParser:
+    """Add subcommand `name` of `COMMANDS` to an argparse subparsers object, with its
+    help and, if `arguments`, its arguments; returns its parser."""
+    command = next(c for c in COMMANDS if c.name == name)
+    parser = subparsers.add_parser(name, help=command.help)
+    if arguments and command.builder is not None:
+        module, function = command.builder.split(":")
+        getattr(importlib.import_module(module), function)(parser)
     return parser
 
 
@@ -245,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         from labkit.lab import run_lab
 
         return run_lab(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         code = _run(args)
         sys.stdout.flush()  # (a reader gone away shows here, not as Python exits)
@@ -256,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             return 141  # (128 + SIGPIPE: what a shell reports for such a tool)
         print(f"labkit: error: {err}", file=sys.stderr)  # another pipe: a real error
         return 2
-    except (ConfigError, TraceError, OSError) as err:
+    except (ValueError, OSError) as err:  # (ValueError: ours only, see _user_error)
+        if not _user_error(err):
+            raise
         print(f"labkit: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: nothing half-written was left (labkit.outputs)
@@ -269,6 +138,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("labkit: interrupted", file=sys.stderr)
         return 130
+
+
+def _user_error(err: Exception) -> bool:
+    """One of the mistakes reported in a line with exit code 2: a bad setting, a file
+    that cannot be used, a malformed trace (TraceError's module is imported only here:
+    labkit.traces is heavy, and most commands never load it)."""
+    if isinstance(err, (ConfigError, OSError)):
+        return True
+    from labkit.traces.validate import TraceError
+
+    return isinstance(err, TraceError)
 
 
 def _stdout_gone() -> bool:
@@ -294,6 +174,7 @@ def _run(args) -> int:
 
         return run_sweep_command(args)
     if args.command == "pd":
+        from labkit.cli_parsers import knobs_from_args
         from labkit.experiments.pd_cli import run_pd_command
 
         return run_pd_command(args, knobs_from_args(args))
@@ -317,6 +198,7 @@ def _run(args) -> int:
 def _trace(args) -> int:
     from labkit.outputs import check_regular_target, strict_json
     from labkit.traces import generate_agentx_trace, trace_stats, write_trace
+    from labkit.traces.parts import load_selected
 
     if args.trace_command == "convert":
         check_regular_target(args.output, "OUTPUT")  # before reading: a device stays as it is
@@ -344,6 +226,7 @@ def _trace(args) -> int:
             raise ConfigError(f"--kind agentx needs --sessions N >= 1, got {args.sessions}")
         check_regular_target(args.out)  # before any work: a device or FIFO stays as it is
         from labkit.traces import TINY_AGENTX
+        from labkit.traces.load_cli import generator_params
 
         knobs = {**(TINY_AGENTX if args.tiny else {}), **generator_params(args.param)}
         block_size = args.block_size if args.block_size is not None else \
@@ -365,9 +248,11 @@ def _trace(args) -> int:
 
 
 def _replay(args) -> int:
+    from labkit.cli_parsers import knobs_from_args
     from labkit.engine import Engine
     from labkit.engine.replay import check_replay_args
     from labkit.outputs import OutDir, strict_json
+    from labkit.traces.parts import load_selected, selection_from_args
 
     if _torchrun_worker(args):  # a worker process of a torchrun launch: serve the driver
         from labkit.engine.compute.mp_executor import serve

@@ -4,9 +4,10 @@
                  [--executor local|ray [--ray-address ADDR]] [--overwrite | --resume]
                  [--timeout S] [--progress | --no-progress]
 
-`add_sweep_parser(subparsers)` adds the subcommand to `labkit`'s parser and
-`run_sweep_command(args)` runs it. Exit status: 0 when every run succeeded, 1 when
-some failed (how many is printed), 2 on bad input — nothing is run or written then.
+`add_sweep_arguments(parser)` fills the subcommand's parser (labkit/cli.py creates
+it, with its help) and `run_sweep_command(args)` runs it. Exit status: 0 when every run
+succeeded, 1 when some failed (how many is printed), 2 on bad input — nothing is run or
+written then.
 """
 
 from __future__ import annotations
@@ -41,12 +42,10 @@ exit status: 0 all runs succeeded, 1 some failed, 2 bad input (nothing run or wr
 """
 
 
-def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
-    """Add `sweep` to an argparse subparsers object; returns the new parser."""
-    parser = subparsers.add_parser(
-        "sweep", help="run an experiment notebook over a parameter grid (papermill)",
-        description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Fill the `sweep` subparser: its description, arguments and `run_command`."""
+    parser.description, parser.epilog = DESCRIPTION, EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("notebook", help="the notebook; its cell tagged 'parameters' must "
                                          "define every -p name and output_dir")
     parser.add_argument("-p", "--parameter", dest="sweep_parameters", nargs=2, action="append",
@@ -72,7 +71,6 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
                         action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar over runs (default: on for a terminal)")
     parser.set_defaults(run_command=run_sweep_command)
-    return parser
 
 
 def run_sweep_command(args) -> int:
@@ -112,9 +110,10 @@ def run_sweep_command(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m labkit.experiments.cli sweep ...` (the same as `labkit sweep ...`)."""
+    from labkit.cli import add_command
+
     parser = argparse.ArgumentParser(prog="labkit")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_sweep_parser(sub)
+    add_command(parser.add_subparsers(dest="command", required=True), "sweep")
     args = parser.parse_args(argv)
     return args.run_command(args)
 

@@ -31,9 +31,10 @@ TABLE_FILES = {"profile": ("profile.parquet", "saturation.parquet"),
                "sweep": ("sweep.parquet",)}
 
 
-def add_pd_parser(subparsers, add_knob_flags) -> None:
-    pd_parser = subparsers.add_parser(
-        "pd", help="prefill/decode disaggregation: rate matching (profile, sweep)")
+def add_pd_arguments(pd_parser: argparse.ArgumentParser) -> None:
+    """Fill the `pd` subparser (labkit/cli.py creates it, with its help)."""
+    from labkit.cli_parsers import add_knob_flags
+
     sub = pd_parser.add_subparsers(dest="pd_command", required=True)
     profile = sub.add_parser("profile", help="phase 1: each role alone, until saturation")
     profile.add_argument("--prefill-layouts", default="",

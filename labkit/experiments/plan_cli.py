@@ -34,11 +34,10 @@ SHOWN = ["rank", "config", "gpus", "max_num_batched_tokens", "long_prefill_token
          "interactivity_p90_tok_s", "ttft_p90_s", "tpot_p90_s", "usd_per_m_tokens"]
 
 
-def add_plan_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "plan", help="search layouts, P/D splits and scheduler knobs for the best "
-                     "deployment meeting SLOs (by simulation)",
-        description=__doc__.split("\n\n")[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """Fill the `plan` subparser (labkit/cli.py creates it, with its help)."""
+    p.description = __doc__.split("\n\n")[2]
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--trace", required=True, help="a trace file (any format labkit reads)")
     add_trace_flags(p)
     p.add_argument("--model", required=True)

@@ -7,9 +7,8 @@ import json
 import sys
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="replay the measured serving runs of "
-                                        "../shared/data/e2e and report the error")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Fill the `validate` subparser (labkit/cli.py creates it, with its help)."""
     p.add_argument("--data", help="the shared data folder (default: ../shared/data, or "
                                   "$LABKIT_SHARED_DATA)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,6 +59,8 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    from labkit.cli import add_command
+
     parser = argparse.ArgumentParser(prog="labkit")
-    add_parser(parser.add_subparsers(dest="command", required=True))
+    add_command(parser.add_subparsers(dest="command", required=True), "validate")
     return run(parser.parse_args(argv))

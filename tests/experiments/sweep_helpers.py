@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from labkit.experiments.cli import add_sweep_parser
+from labkit.cli import add_command
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "notebooks" / "experiments"
@@ -22,7 +22,7 @@ def sweep(argv: list[str]) -> int:
     """`labkit sweep ARGV...` as labkit/cli.py wires it (a `sweep` subparser)."""
     parser = argparse.ArgumentParser(prog="labkit")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_sweep_parser(sub)
+    add_command(sub, "sweep")
     args = parser.parse_args(["sweep", *map(str, argv)])
     return args.run_command(args)
 
