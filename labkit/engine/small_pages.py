@@ -9,6 +9,14 @@ host whose free memory is fragmented, first compacts — a whole 2 MiB page; on 
 workload of `labkit bench sim` that was a tenth of the replay's CPU time, in the
 kernel. `zeros` maps anonymous private memory advised against huge pages instead: a
 page costs memory only once written, 4 KiB at a time.
+
+Such an array can also grow where it lies (`grow_in_place`): Linux enlarges the mapping
+(mremap), the pages written move along with it and nothing is copied or touched. (A
+copy scans the old array and writes every written page again: the prefix cache's key
+arrays grew some fifty times in an agentic replay, and those copies were half its page
+faults. Reserving the largest size up front instead is no way round: a process that
+forks is charged for the whole of each private mapping it has written into, and test
+workers holding many engines could then no longer start a subprocess.)
 """
 
 from __future__ import annotations
@@ -29,3 +37,35 @@ def zeros(shape, dtype) -> np.ndarray:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # (Linux)
         memory.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+
+
+def grow_in_place(owner, name: str, count: int) -> bool:
+    """Make `owner.<name>`, a 1-D array from `zeros`, `count` entries long (the new ones
+    zero) by enlarging its mapping where it lies; False, the array left as it was,
+    where that cannot be done: no mremap on this system, or the array is seen from
+    elsewhere (another reference to it, or a view of it, pins its memory)."""
+    array = getattr(owner, name)
+    memory = _mapping(array)
+    if memory is None or array.ndim != 1:
+        return False
+    dtype, old = array.dtype, len(array)
+    setattr(owner, name, None)
+    del array  # (and with it the view `zeros` made: the mapping is no longer exported)
+    try:
+        memory.resize(count * dtype.itemsize)
+    except (BufferError, OSError, SystemError, ValueError):  # (then nothing changed)
+        setattr(owner, name, np.frombuffer(memory, dtype=dtype, count=old))
+        return False
+    setattr(owner, name, np.frombuffer(memory, dtype=dtype, count=count))
+    return True
+
+
+def _mapping(array: np.ndarray) -> mmap.mmap | None:
+    """The mapping an array from `zeros` lies in (through its views and the memoryview
+    numpy reads it by), or None."""
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) else None

@@ -34,22 +34,45 @@ def test_claims_answer_as_dict_setdefault():
             assert index.get_many(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
 
 
-def test_claims_answer_as_dict_setdefault_without_reserved_room(monkeypatch):
-    """Where the system lends no room for every key at once, the array grows by copying
-    (`_reserve` gives None): the same answers."""
-    from labkit.engine.kv import key_index
+def test_claims_answer_as_dict_setdefault_growing_by_copies(monkeypatch):
+    """Where the array cannot grow where it lies (no mremap), it is copied: the same
+    answers."""
+    from labkit.engine import small_pages
 
-    monkeypatch.setattr(key_index, "_reserve", lambda: None)
+    monkeypatch.setattr(small_pages, "grow_in_place", lambda owner, name, count: False)
     test_claims_answer_as_dict_setdefault()
 
 
-def test_growing_keeps_the_keys_where_they_are():
-    """Past its first size the array grows as a longer view of room taken once: what it
-    holds is not copied (each copy wrote every held key's page again)."""
+def _claim_apart(index, first, n, block=0):
+    index.claim(np.arange(first, first + n, dtype=np.int64),
+                np.arange(block, block + n, dtype=np.int32))
+
+
+def test_the_array_grows_where_it_lies(monkeypatch):
+    """Past its first size the array grows without a copy (each copy scanned it and
+    wrote every held key's page again: half an agentic replay's page faults)."""
+    def no_copy(self, size):
+        raise AssertionError("copied")
+
+    monkeypatch.setattr(KeyIndex, "_grow_by_copying", no_copy)
     index = KeyIndex()
-    index.claim(np.arange(1 << 14, (1 << 14) + 20, dtype=np.int64), np.arange(20, dtype=np.int32))
-    before = index.slot
-    index.claim(np.array([1 << 20, (1 << 20) + 1], dtype=np.int64), np.array([20, 21], np.int32))
-    assert len(index.slot) > len(before) and np.shares_memory(index.slot, before)
-    assert index.get_many(np.arange(1 << 14, (1 << 14) + 20)).tolist() == list(range(20))
-    assert index.get((1 << 20) + 1) == 21 and len(index) == 22
+    for step, first in enumerate((1 << 14, 1 << 20, 1 << 23)):  # 4096 -> 32768 -> ...
+        _claim_apart(index, first, 20, block=20 * step)
+    assert len(index.slot) >= (1 << 23) + 20 and len(index) == 60
+    # no larger than the keys need: a process that forks is charged for all of it
+    # (room for every key taken up front kept test workers from starting subprocesses)
+    assert len(index.slot) <= 1 << 24 and len(index.slot.base.obj) == 4 * len(index.slot)
+    assert index.get_many(np.arange(1 << 20, (1 << 20) + 20)).tolist() == list(range(20, 40))
+    assert index.as_dict() == {first + i: 20 * step + i for step, first in
+                               enumerate((1 << 14, 1 << 20, 1 << 23)) for i in range(20)}
+
+
+def test_an_array_seen_from_elsewhere_is_copied():
+    """A view of the array pins its memory: then it grows by a copy, and the view still
+    reads what it read."""
+    index = KeyIndex()
+    _claim_apart(index, 1 << 14, 20)
+    seen = index.slot[1 << 14 : (1 << 14) + 20]
+    _claim_apart(index, 1 << 20, 2, block=20)
+    assert not np.shares_memory(seen, index.slot) and seen.tolist() == list(range(1, 21))
+    assert index.get((1 << 20) + 1) == 21 and index.get((1 << 14) + 3) == 3

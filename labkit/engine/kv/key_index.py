@@ -18,10 +18,8 @@ dict would (`tests/engine/test_block_pool.py` drives the pool against a naive
 reference over both ranges).
 
 The array starts small (a small engine stays small) and grows eightfold to the largest
-key seen. The first time it grows it takes address space for every direct key, and
-grows from then on as a longer view of it: nothing is copied. (Copied, as it was, an
-agentic replay's ~50 growths of sixteen ranks' arrays wrote every held key twice or
-more — half the replay's page faults, ~4 % of its time.)
+key seen, where it lies (`small_pages.grow_in_place`: nothing copied), or, where the
+system cannot do that, by copying what it holds.
 """
 
 from __future__ import annotations
@@ -39,12 +37,11 @@ FEW_KEYS = 8  # claimed one by one in Python
 
 
 class KeyIndex:
-    __slots__ = ("slot", "_whole", "_other", "_direct_count")
+    __slots__ = ("slot", "_other", "_direct_count")
 
     def __init__(self) -> None:
         # key -> block + 1 (0: absent); its pages are mapped as they are first written
         self.slot = small_pages.zeros(FIRST_KEYS, np.int32)
-        self._whole: np.ndarray | None = None  # room reserved for every direct key
         self._other: dict[int, int] = {}  # keys outside the array's range
         self._direct_count = 0
 
@@ -65,15 +62,11 @@ class KeyIndex:
         if top <= len(self.slot):
             return
         size = min(max(1 << (top - 1).bit_length(), 8 * len(self.slot)), DIRECT_KEYS)
-        if self._whole is None:  # the first growth: room for every direct key, once
-            self._whole = _reserve()
-            if self._whole is not None:
-                self._whole[: len(self.slot)] = self.slot
-        if self._whole is not None:  # growing is then a longer view of that room
-            self.slot = self._whole[:size]
-            return
-        # (no room could be reserved) growing copies what is held (a scan of the
-        # array): eightfold keeps that rare
+        if not small_pages.grow_in_place(self, "slot", size):
+            self._grow_by_copying(size)
+
+    def _grow_by_copying(self, size: int) -> None:
+        """A new array of `size` keys with what this one holds (a scan of it)."""
         slot = small_pages.zeros(size, np.int32)
         held = self.slot.nonzero()[0]  # copy only these: the zero pages stay unmapped
         slot[held] = self.slot[held]
@@ -170,16 +163,6 @@ class KeyIndex:
         if direct < len(keys):
             for _ in map(self._other.pop, keys[~self._split(keys)].tolist()):
                 pass
-
-
-def _reserve() -> np.ndarray | None:
-    """Room for every direct key (512 MiB of address space; its pages are mapped as
-    they are first written), or None where the system will not lend that much (a
-    strict overcommit policy, a limit on address space)."""
-    try:
-        return small_pages.zeros(DIRECT_KEYS, np.int32)
-    except (OSError, MemoryError, ValueError):
-        return None
 
 
 # The loops the pool's compiled operations share (`block_pool.py`): the array's side of
