@@ -46,7 +46,8 @@ def grow_in_place(owner, name: str, count: int) -> bool:
     elsewhere (another reference to it, or a view of it, pins its memory)."""
     array = getattr(owner, name)
     memory = _mapping(array)
-    if memory is None or array.ndim != 1:
+    if memory is None or array.ndim != 1 or not array.flags.c_contiguous or \
+            array.nbytes != len(memory):  # (a part of a mapping: not ours to move)
         return False
     dtype, old = array.dtype, len(array)
     setattr(owner, name, None)

@@ -1,5 +1,6 @@
 """`small_pages.zeros`: numpy zeros whose memory is taken a small page at a time, as
-written — a sparse write costs a page, not the 2 MiB huge page numpy asks for."""
+written — a sparse write costs a page, not the 2 MiB huge page numpy asks for — and
+`grow_in_place`, which lengthens one without a copy where nothing else holds its memory."""
 
 import os
 
@@ -35,3 +36,32 @@ def test_a_sparse_write_costs_small_pages():
     grown = _rss_bytes() - before
     assert a.sum() == 128
     assert grown < 16 << 20, grown
+
+
+class _Owner:
+    pass
+
+
+def test_an_array_grows_in_place_keeping_what_it_holds():
+    owner = _Owner()
+    owner.a = small_pages.zeros(1000, np.int32)
+    owner.a[[0, 999]] = [7, 9]
+    assert small_pages.grow_in_place(owner, "a", 300_000)
+    assert len(owner.a) == 300_000 and owner.a[0] == 7 and owner.a[999] == 9
+    assert not owner.a[1000:].any()  # the new entries are zero
+    owner.a[299_999] = 5  # and writable
+
+
+def test_a_part_of_a_mapping_or_a_viewed_array_is_not_moved():
+    owner = _Owner()
+    owner.a = small_pages.zeros(1000, np.int32)[10:]  # (a part: not ours to move)
+    assert not small_pages.grow_in_place(owner, "a", 5000) and len(owner.a) == 990
+    owner.a = small_pages.zeros(1000, np.int32)
+    owner.a[3] = 4
+    view = owner.a[:10]  # (pins the mapping)
+    assert not small_pages.grow_in_place(owner, "a", 5000)
+    assert len(owner.a) == 1000 and owner.a[3] == 4 and view[3] == 4
+    owner.a[3] = 6
+    assert view[3] == 6  # the same memory, still
+    owner.b = np.zeros(10)  # (numpy's memory)
+    assert not small_pages.grow_in_place(owner, "b", 50)
