@@ -12,9 +12,9 @@ object per key.
 `KeyIndex` keeps keys in ``[0, DIRECT_KEYS)`` in such an array (`slot[key]` is the
 block + 1, 0 meaning absent; its pages cost memory only once written, 4 KiB at a time:
 `small_pages.py`) and every other key — the chained hashes of token-id prompts, derived
-keys of window pages and state snapshots, salted replays of a trace — in a dict. Both answer exactly as one
-dict would (`tests/engine/test_block_pool.py` drives the pool against a naive
-reference over both ranges).
+keys of window pages and state snapshots, salted replays of a trace — in a dict. Both
+answer exactly as one dict would (`tests/engine/test_block_pool.py` drives the pool
+against a naive reference over both ranges).
 
 The array starts small (a small engine stays small) and grows eightfold to the largest
 key seen, where it lies (`small_pages.grow_in_place`: nothing copied), or, where the
