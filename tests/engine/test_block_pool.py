@@ -319,3 +319,18 @@ def test_the_free_queue_alone_keeps_vllms_order():
             assert "available" in str(err)
         else:
             raise AssertionError("expected an error")
+
+
+def test_a_trace_key_made_alone_is_the_key_made_among_others():
+    """`TraceBlockKeys.key(j)` (Python numbers, for one probe) equals `keys(j, j + 1)`
+    (the compiled int64 loop) for every recipe, lent keys included -- also for ids so
+    large that a sub-block's key passes int64's range, where both wrap alike (a Python
+    int would not: key 2**62 * 4 is 2**64, which int64 holds as 0)."""
+    for base in (0, 1 << 40, (1 << 62) - 3, -(1 << 62)):
+        order = base + np.array([5, 0, 9, 2], dtype=np.int64)
+        for keys in _trace_keys_over(order):
+            made = keys.keys(0, keys.num_blocks).tolist()
+            assert [keys.key(j) for j in range(keys.num_blocks)] == made
+            assert all(-(1 << 63) <= k < (1 << 63) for k in made)
+    wrapped = TraceBlockKeys(np.array([1 << 62], dtype=np.int64), 4, 1)  # ratio 4
+    assert wrapped.key(0) == 0 and wrapped.key(3) == 3  # (2**64 + j wraps to j)

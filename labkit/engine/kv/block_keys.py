@@ -117,7 +117,8 @@ class TraceBlockKeys:
             p = int(np.searchsorted(lent, j))
             if lent[p] == j:
                 return int(self.lent_keys[p])
-        return int(self.ids[j // r]) * r + j % r
+        # (wrapping as int64 arithmetic does: what the compiled `keys` computes)
+        return _int64(int(self.ids[j // r]) * r + j % r)
 
     def recipe(self) -> tuple:
         """(ids, ratio, split, lent_at, lent_keys): what `_trace_keys` makes the keys
@@ -135,6 +136,11 @@ class TraceBlockKeys:
 
 
 NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _int64(x: int) -> int:
+    """x wrapped into int64's range (what an int64 sum or product gives)."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 @njit(cache=True)
