@@ -6,28 +6,42 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 from compute_cases import (
-    FixedStepCost, agentic_trace, compute_engine, outputs, shared_prefix_prompts,
+    SHORT, FixedStepCost, agentic_trace, compute_engine, outputs, shared_prefix_prompts,
     submit_prompts)
 
 from labkit.engine.disagg import PDEngine
 from labkit.errors import ConfigError
 
 
-def pd_replay(model: str, prefill: str, decode: str, **knobs) -> PDEngine:
+def pd_replay(model: str, prefill: str, decode: str, sessions: int = 4,
+              **knobs) -> PDEngine:
+    """The shorter agentic trace (`SHORT`: ~40 % fewer steps than the full one) through
+    a P/D pair of 60-block groups."""
     engine = PDEngine(model, prefill, decode, backend="compute", cost_model=FixedStepCost(),
                       clock="predicted", num_gpu_blocks_override=60, **knobs)
-    engine.replay(agentic_trace(), concurrency=4, loop_trace=False, max_idle_s=1.0,
-                  start_part_way=False)
+    engine.replay(agentic_trace(sessions, **SHORT), concurrency=4, loop_trace=False,
+                  max_idle_s=1.0, start_part_way=False)
     return engine
+
+
+_colocated: dict = {}
+
+
+def colocated_outputs(model: str) -> dict:
+    """What one GPU (a 60-block pool) generates for `pd_replay`'s trace: one replay per
+    model, shared by the tests below."""
+    if model not in _colocated:
+        eng = compute_engine(model, "tp1", num_gpu_blocks_override=60)
+        eng.replay(agentic_trace(**SHORT), concurrency=4, loop_trace=False, max_idle_s=1.0,
+                   start_part_way=False)
+        _colocated[model] = outputs(eng)
+    return _colocated[model]
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-deepseek-v3"])
 def test_pcp_dcp_prefill_then_dp_decode_gives_the_colocated_tokens(model):
     pd_engine = pd_replay(model, "pcp2xdcp2", "dp2")
-    colocated = compute_engine(model, "tp1", num_gpu_blocks_override=60)
-    colocated.replay(agentic_trace(), concurrency=4, loop_trace=False, max_idle_s=1.0,
-                     start_part_way=False)
-    got, want = outputs(pd_engine), outputs(colocated)
+    got, want = outputs(pd_engine), colocated_outputs(model)
     assert len(got) == len(want) >= 10
     assert got == want
     moved = pd_engine.transfers
@@ -42,22 +56,8 @@ def test_pcp_dcp_prefill_then_dp_decode_gives_the_colocated_tokens(model):
 
 def test_two_prefill_groups_and_tp_decode():
     engine = pd_replay("tiny-llama", "pcp2", "tp2", num_prefill=2)
-    colocated = compute_engine("tiny-llama", "tp1", num_gpu_blocks_override=60)
-    colocated.replay(agentic_trace(), concurrency=4, loop_trace=False, max_idle_s=1.0,
-                     start_part_way=False)
-    assert outputs(engine) == outputs(colocated)
-
-
-_colocated: dict = {}
-
-
-def colocated_outputs(model: str) -> dict:
-    if model not in _colocated:
-        eng = compute_engine(model, "tp1", num_gpu_blocks_override=60)
-        eng.replay(agentic_trace(), concurrency=4, loop_trace=False, max_idle_s=1.0,
-                   start_part_way=False)
-        _colocated[model] = outputs(eng)
-    return _colocated[model]
+    got = outputs(engine)
+    assert len(got) >= 10 and got == colocated_outputs("tiny-llama")
 
 
 @pytest.mark.parametrize("prefill, decode", [("tp2", "dp2"), ("pcp2", "tp2")])
@@ -82,10 +82,7 @@ def test_a_sliding_window_models_window_crosses_with_its_kv():
 
 
 def pd_small(model: str, prefill: str, decode: str, **knobs) -> PDEngine:
-    engine = PDEngine(model, prefill, decode, backend="compute", cost_model=FixedStepCost(),
-                      clock="predicted", num_gpu_blocks_override=60, **knobs)
-    engine.replay(agentic_trace(2), concurrency=4, loop_trace=False, max_idle_s=1.0,
-                  start_part_way=False)
+    engine = pd_replay(model, prefill, decode, sessions=2, **knobs)
     for e in (*engine.prefill, *engine.decode):
         e.data_plane.close()
     return engine
