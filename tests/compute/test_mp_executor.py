@@ -114,13 +114,14 @@ def test_agentic_replay_with_kv_fetched_across_processes():
 
 
 def offloaded(layout: str, executor: str, folder):
-    """The agentic trace on 30 GPU blocks, with a 12-block CPU tier and a disk tier:
-    prefixes go down to the host and to files, and come back."""
+    """The shorter agentic trace on its 24 GPU blocks, with a 12-block CPU tier and a
+    disk tier: prefixes go down to the host and to files, and come back."""
     eng = compute_engine("tiny-llama", layout, executor=executor)
     gib = eng.block_size * eng.placement.kv_bytes_per_token() / 2**30
     eng.data_plane.close()
-    eng, _ = replay_agentic("tiny-llama", layout, executor=executor, cpu_kv_gib=12 * gib,
-                            disk_kv_gib=200 * gib, kv_offload_dir=str(folder))
+    eng, _ = replay_agentic("tiny-llama", layout, short=True, executor=executor,
+                            cpu_kv_gib=12 * gib, disk_kv_gib=200 * gib,
+                            kv_offload_dir=str(folder))
     eng.data_plane.close()
     return eng
 

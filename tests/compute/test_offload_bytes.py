@@ -77,9 +77,9 @@ def test_a_corrupt_block_file_is_never_served(tmp_path):
 @pytest.mark.parametrize("layout", ["tp1", "dp2"])
 def test_an_agentic_replay_through_the_tiers_generates_the_same_tokens(layout, tmp_path):
     gib = block_gib("tiny-llama", layout)
-    tiers, _ = replay_agentic("tiny-llama", layout, cpu_kv_gib=12 * gib,
+    tiers, _ = replay_agentic("tiny-llama", layout, short=True, cpu_kv_gib=12 * gib,
                               disk_kv_gib=200 * gib, kv_offload_dir=str(tmp_path))
-    plain, _ = replay_agentic("tiny-llama", layout)
+    plain, _ = replay_agentic("tiny-llama", layout, short=True)
     loaded = sum(r.num_offload_tokens for r in tiers.requests.values())
     stats = tiers.offload.summary()
     assert loaded > 0 and stats["disk_tier_hit_blocks"] > 0 and stats["cpu_tier_hit_blocks"] > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from compute_cases import FixedStepCost, agentic_trace
+from compute_cases import SHORT, FixedStepCost, agentic_trace
 
 from labkit.engine.disagg import PDEngine
 from labkit.engine.engine import Engine
@@ -20,11 +20,12 @@ from tests.fuzz_paths import check_case, random_compute_case
 
 
 def replay_both(make) -> tuple:
-    """The same trace replayed on the sim plane and on the compute plane (predicted)."""
+    """The same trace (three sessions of the shorter agentic trace) replayed on the sim
+    plane and on the compute plane (predicted)."""
     out = []
     for plane in (dict(backend="sim"), dict(backend="compute", clock="predicted")):
         engine = make(cost_model=FixedStepCost(), **plane)
-        out.append(engine.replay(agentic_trace(3), concurrency=4, loop_trace=False,
+        out.append(engine.replay(agentic_trace(3, **SHORT), concurrency=4, loop_trace=False,
                                  max_idle_s=1.0, start_part_way=False))
     return tuple(out)
 
